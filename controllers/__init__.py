@@ -1,0 +1,1 @@
+"""admit: controllers."""

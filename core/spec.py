@@ -1,0 +1,56 @@
+"""Tenant and control specifications shared by the simulator, the controllers and the live gateway."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class TenantSpec:
+    """One tenant as a controller sees it: a name and its service-level objectives.
+
+    SLOs are upper bounds on latency percentiles in seconds; ``math.inf`` means "no objective".
+    """
+
+    name: str
+    slo_e2e_p99_s: float = math.inf
+    slo_ttft_p99_s: float = math.inf
+    weight: float = 1.0
+    priority: int = 0
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Bounds on every tenant's concurrency limit and on one decision's change."""
+
+    min: int = 1
+    max: int = 16
+    initial: int = 4
+    max_step: int = 1
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.min <= self.max:
+            raise ValueError(f"limits need 0 <= min <= max, got min={self.min} max={self.max}")
+        if not self.min <= self.initial <= self.max:
+            raise ValueError(f"initial limit {self.initial} is outside [min={self.min}, max={self.max}]")
+        if self.max_step < 1:
+            raise ValueError(f"max_step must be >= 1, got {self.max_step}")
+
+    def clamp(self, value: int) -> int:
+        return self.min if value < self.min else self.max if value > self.max else value
+
+
+@dataclass(frozen=True)
+class ControlSpec:
+    """What a controller is told at ``reset``: the tenants, the limit bounds and the decision interval."""
+
+    tenants: tuple[TenantSpec, ...]
+    limits: Limits = field(default_factory=Limits)
+    interval_s: float = 3.0
+    window_s: float = 6.0
+    queue_timeout_s: float = math.inf
+
+    @property
+    def n_tenants(self) -> int:
+        return len(self.tenants)
