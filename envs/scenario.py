@@ -1,0 +1,194 @@
+"""Scenario files: a typed schema for the simulated world, loaded from YAML.
+
+A scenario names the tenants (arrivals, request sizes, SLOs), the engine, the admission settings, the
+concurrency bounds, the decision interval, the horizon and the reward weights. Bundled scenarios live in
+envs/scenarios/NAME.yaml; any path to a YAML file works too. A bad key or value raises ``ScenarioError``
+naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from admit.core.spec import ControlSpec, Limits, TenantSpec
+from admit.envs.workload import ArrivalSpec, SizeSpec, Trace
+
+
+class ScenarioError(ValueError):
+    """A scenario could not be found or is invalid; the message says what and what is allowed."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class SLO(_Model):
+    e2e_p99_s: float | None = Field(default=None, gt=0)
+    ttft_p99_s: float | None = Field(default=None, gt=0)
+
+
+class TenantConfig(_Model):
+    name: str = Field(min_length=1)
+    arrival: ArrivalSpec
+    prompt_tokens: SizeSpec | None = None
+    output_tokens: SizeSpec | None = None
+    slo: SLO = SLO()
+    weight: float = Field(default=1.0, gt=0)
+    priority: int = 0
+    max_queue: int | None = Field(default=None, ge=0)
+    queue_timeout_s: float | None = Field(default=None, gt=0)
+
+    @model_validator(mode="after")
+    def _sizes(self) -> TenantConfig:
+        if not isinstance(self.arrival, Trace) and (self.prompt_tokens is None or self.output_tokens is None):
+            raise ValueError(
+                f"tenant {self.name!r}: prompt_tokens and output_tokens are required unless arrival.kind is 'trace'"
+            )
+        return self
+
+
+class SlotEngineConfig(_Model):
+    kind: Literal["slot"] = "slot"
+    slots: int = Field(ge=1)
+    mean_service_s: float = Field(gt=0)
+    distribution: Literal["exponential", "deterministic"] = "exponential"
+
+
+class TokenEngineConfig(_Model):
+    kind: Literal["token"] = "token"
+    preset: str = "h200-llama3-8b"
+    max_num_batched_tokens: int | None = Field(default=None, ge=1)
+    max_num_seqs: int | None = Field(default=None, ge=1)
+
+
+EngineConfig = Annotated[SlotEngineConfig | TokenEngineConfig, Field(discriminator="kind")]
+
+
+class AdmissionConfig(_Model):
+    queue_timeout_s: float = Field(default=math.inf, gt=0)
+    max_queue: int = Field(default=1_000_000, ge=0)
+
+
+class LimitsConfig(_Model):
+    min: int = Field(default=1, ge=0)
+    max: int = Field(default=16, ge=1)
+    initial: int = Field(default=4, ge=0)
+    max_step: int = Field(default=1, ge=1)
+
+    @model_validator(mode="after")
+    def _order(self) -> LimitsConfig:
+        if not self.min <= self.initial <= self.max:
+            raise ValueError(f"limits need min <= initial <= max, got {self.min}, {self.initial}, {self.max}")
+        return self
+
+
+class RewardConfig(_Model):
+    """reward = throughput·completions/s − slo_violation·violations/s − drop·drops/s − cost·Σlimits."""
+
+    throughput: float = 1.0
+    slo_violation: float = 0.5
+    drop: float = 1.0
+    cost: float = 0.0
+    change: float = 0.0
+
+
+class Scenario(_Model):
+    name: str
+    description: str = ""
+    horizon_s: float = Field(gt=0)
+    interval_s: float = Field(gt=0)
+    window_s: float = Field(gt=0)
+    engine: EngineConfig
+    admission: AdmissionConfig = AdmissionConfig()
+    limits: LimitsConfig = LimitsConfig()
+    reward: RewardConfig = RewardConfig()
+    tenants: list[TenantConfig] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _unique(self) -> Scenario:
+        names = [t.name for t in self.tenants]
+        if len(set(names)) != len(names):
+            raise ValueError(f"tenant names must be unique, got {names}")
+        return self
+
+    def queue_timeout(self, i: int) -> float:
+        t = self.tenants[i].queue_timeout_s
+        return self.admission.queue_timeout_s if t is None else t
+
+    def max_queue(self, i: int) -> int:
+        q = self.tenants[i].max_queue
+        return self.admission.max_queue if q is None else q
+
+    def control_spec(self) -> ControlSpec:
+        tenants = tuple(
+            TenantSpec(
+                name=t.name,
+                slo_e2e_p99_s=t.slo.e2e_p99_s or math.inf,
+                slo_ttft_p99_s=t.slo.ttft_p99_s or math.inf,
+                weight=t.weight,
+                priority=t.priority,
+            )
+            for t in self.tenants
+        )
+        lim = self.limits
+        return ControlSpec(
+            tenants=tenants,
+            limits=Limits(min=lim.min, max=lim.max, initial=lim.initial, max_step=lim.max_step),
+            interval_s=self.interval_s,
+            window_s=self.window_s,
+            queue_timeout_s=self.admission.queue_timeout_s,
+        )
+
+
+def bundled_scenarios() -> list[str]:
+    folder = resources.files("admit.envs").joinpath("scenarios")
+    return sorted(p.name[: -len(".yaml")] for p in folder.iterdir() if p.name.endswith(".yaml"))
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        loc = ".".join(str(x) for x in e["loc"])
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+        elif e["type"] == "union_tag_invalid":
+            msg = f"{msg}"
+        lines.append(f"  {loc or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def parse_scenario(data: object, origin: str = "<dict>") -> Scenario:
+    if not isinstance(data, dict):
+        raise ScenarioError(f"scenario {origin}: expected a mapping at the top level, got {type(data).__name__}")
+    try:
+        return Scenario.model_validate(data)
+    except ValidationError as e:
+        raise ScenarioError(f"scenario {origin} is invalid:\n{_format_errors(e)}") from None
+
+
+def load_scenario(name_or_path: str | Path, **overrides: object) -> Scenario:
+    """Load a bundled scenario by name or a YAML file by path; ``overrides`` replace top-level keys."""
+    text: str
+    origin = str(name_or_path)
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.is_file():
+        text = path.read_text()
+    else:
+        names = bundled_scenarios()
+        if origin not in names:
+            raise ScenarioError(f"unknown scenario {origin!r}; bundled scenarios: {', '.join(names)} (or a path to a .yaml file)")
+        text = resources.files("admit.envs").joinpath("scenarios", f"{origin}.yaml").read_text()
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise ScenarioError(f"scenario {origin}: not valid YAML: {e}") from None
+    if isinstance(data, dict) and overrides:
+        data = {**data, **overrides}
+    return parse_scenario(data, origin)

@@ -1,0 +1,235 @@
+"""The simulated world: workload → admission core → engine, with telemetry, in simulated time.
+
+``Simulation`` is the one loop behind the Gymnasium env and the offline evaluator. It is event-driven:
+the next event is the earliest of the next arrival, the engine's next internal event and the admission
+queue's next timeout; at equal times engine events come first (a finishing request frees its slot before
+a simultaneous arrival or timeout is handled).
+
+Decisions happen between ``advance`` calls: ``observe()`` builds the Observation, ``apply_deltas()``
+changes the limits (clamped to the scenario's bounds), ``advance(t)`` runs the world to time t.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from admit.core.admission import AdmissionCore, Offer, QueueConfig
+from admit.core.observation import Observation
+from admit.core.telemetry import TenantWindows, build_observation
+from admit.envs.engine import Engine
+from admit.envs.request import Request
+from admit.envs.scenario import Scenario, SlotEngineConfig
+from admit.envs.slot_engine import SlotEngine
+from admit.envs.workload import draw_tenant
+
+
+def make_engine(scenario: Scenario) -> Engine:
+    cfg = scenario.engine
+    if isinstance(cfg, SlotEngineConfig):
+        return SlotEngine(cfg.slots, cfg.mean_service_s, cfg.distribution)
+    from admit.envs.token_engine import make_token_engine  # the token engine is optional at import time
+
+    return make_token_engine(cfg)
+
+
+@dataclass
+class TenantTotals:
+    """Counts of one tenant over an episode (or over one decision interval)."""
+
+    arrived: int = 0
+    completed: int = 0
+    dropped: int = 0  # waited longer than the queue timeout
+    rejected: int = 0  # found the queue full
+    slo_violations: int = 0  # completed, but over an SLO
+    e2e: list[float] = field(default_factory=list)
+    ttft: list[float] = field(default_factory=list)
+
+
+class Simulation:
+    def __init__(self, scenario: Scenario, seed: int) -> None:
+        self.scenario = scenario
+        self.spec = scenario.control_spec()
+        self.seed = int(seed)
+        self.now = 0.0
+        n = len(scenario.tenants)
+        self.horizon_s = scenario.horizon_s
+
+        # --- workload: one independent stream per tenant, all from the episode seed
+        streams = np.random.SeedSequence(self.seed).spawn(n)
+        times, tenant_ix, prompt, output, u = [], [], [], [], []
+        for i, (tc, ss) in enumerate(zip(scenario.tenants, streams, strict=True)):
+            d = draw_tenant(tc.arrival, tc.prompt_tokens, tc.output_tokens, np.random.default_rng(ss), self.horizon_s)
+            times.append(d.times)
+            tenant_ix.append(np.full(len(d.times), i, dtype=np.int64))
+            prompt.append(d.prompt)
+            output.append(d.output)
+            u.append(d.u_service)
+        all_t = np.concatenate(times)
+        order = np.lexsort((np.concatenate(tenant_ix), all_t))
+        cols = [np.concatenate(c)[order].tolist() for c in (tenant_ix, prompt, output, u)]
+        self._requests = [
+            Request(rid, ten, t, p, o, uu)
+            for rid, (t, ten, p, o, uu) in enumerate(zip(all_t[order].tolist(), *cols, strict=True))
+        ]
+        self._next = 0
+
+        # --- the server and the admission core in front of it
+        self.engine = make_engine(scenario)
+        lim = scenario.limits
+        self.core = AdmissionCore(
+            [QueueConfig(lim.initial, scenario.max_queue(i), scenario.queue_timeout(i)) for i in range(n)],
+            clock=self._clock,
+        )
+        self.windows = [TenantWindows(scenario.window_s) for _ in range(n)]
+        self.totals = [TenantTotals() for _ in range(n)]
+        self.interval_totals = [TenantTotals() for _ in range(n)]
+        slo = [(t.slo_e2e_p99_s, t.slo_ttft_p99_s) for t in self.spec.tenants]
+        self._slo = slo
+
+    def _clock(self) -> float:
+        return self.now
+
+    # ------------------------------------------------------------------ control surface
+    @property
+    def limits(self) -> list[int]:
+        return [self.core.limit(i) for i in range(self.core.n_tenants)]
+
+    def apply_deltas(self, deltas: Sequence[int]) -> list[int]:
+        """Add per-tenant deltas to the limits, clamp to [min, max]; returns the new limits."""
+        lim = self.spec.limits
+        out = []
+        for i, d in enumerate(deltas):
+            new = lim.clamp(self.core.limit(i) + int(d))
+            if new != self.core.limit(i):
+                for payload, _waited in self.core.set_limit(i, new):
+                    self._dispatch(payload)
+            out.append(new)
+        return out
+
+    def set_limits(self, limits: Sequence[int]) -> None:
+        lim = self.spec.limits
+        for i, v in enumerate(limits):
+            for payload, _waited in self.core.set_limit(i, lim.clamp(int(v))):
+                self._dispatch(payload)
+
+    def observe(self) -> Observation:
+        eng = self.engine
+        return build_observation(
+            self.now, self.spec, self.windows, self.core, eng.memory_utilisation(), eng.num_running, eng.num_waiting
+        )
+
+    def take_interval_totals(self) -> list[TenantTotals]:
+        """Counts since the last call (for per-interval rewards)."""
+        out = self.interval_totals
+        self.interval_totals = [TenantTotals() for _ in out]
+        return out
+
+    # ------------------------------------------------------------------ the event loop
+    def _dispatch(self, req: Request) -> None:
+        req.dispatched = self.now
+        self.engine.submit(req, self.now)
+
+    def advance(self, until: float) -> None:
+        reqs = self._requests
+        n = len(reqs)
+        eng = self.engine
+        core = self.core
+        inf = math.inf
+        while True:
+            i = self._next
+            ta = reqs[i].arrival if i < n else inf
+            te = eng.next_event_time()
+            td = core.next_deadline()
+            t = ta if ta < te else te
+            if td < t:
+                t = td
+            if t > until:
+                break
+            if t < self.now:  # queued items found late: handle them now
+                t = self.now
+            self.now = t
+            if te <= ta and te <= td:
+                for r in eng.process_event(t):
+                    self._finish(r, t)
+            elif td <= ta:
+                for tenant, r, _waited in core.expire():
+                    self._drop(tenant, r, t)
+            else:
+                r = reqs[i]
+                self._next = i + 1
+                self._arrive(r, t)
+        self.now = until
+
+    def _arrive(self, r: Request, t: float) -> None:
+        k = r.tenant
+        self.totals[k].arrived += 1
+        self.interval_totals[k].arrived += 1
+        self.windows[k].on_arrival(t)
+        res = self.core.offer(k, r)
+        if res is Offer.ADMITTED:
+            self._dispatch(r)
+        elif res is Offer.REJECTED:
+            self.totals[k].rejected += 1
+            self.interval_totals[k].rejected += 1
+            self.windows[k].on_rejection(t)
+
+    def _drop(self, k: int, r: Request, t: float) -> None:
+        self.totals[k].dropped += 1
+        self.interval_totals[k].dropped += 1
+        self.windows[k].on_drop(t)
+
+    def _finish(self, r: Request, t: float) -> None:
+        k = r.tenant
+        e2e = t - r.arrival
+        ttft = r.first_token - r.arrival
+        tot = self.totals[k]
+        tot.completed += 1
+        tot.e2e.append(e2e)
+        tot.ttft.append(ttft)
+        it = self.interval_totals[k]
+        it.completed += 1
+        slo_e2e, slo_ttft = self._slo[k]
+        if e2e > slo_e2e or ttft > slo_ttft:
+            tot.slo_violations += 1
+            it.slo_violations += 1
+        self.windows[k].on_completion(t, e2e, ttft, r.dispatched - r.arrival)
+        nxt = self.core.release(k)
+        if nxt is not None:
+            self._dispatch(nxt[0])
+
+    # ------------------------------------------------------------------ results
+    def summary(self) -> dict[str, float]:
+        """Episode metrics: throughput, p99, drops, SLO attainment, Jain's fairness (see docs)."""
+        return episode_metrics(self.totals, self.horizon_s)
+
+
+def _p99(values: list[float]) -> float:
+    return float(np.percentile(values, 99)) if values else 0.0
+
+
+def episode_metrics(totals: Sequence[TenantTotals], horizon_s: float) -> dict[str, float]:
+    completed = sum(t.completed for t in totals)
+    arrived = sum(t.arrived for t in totals)
+    all_e2e = [x for t in totals for x in t.e2e]
+    all_ttft = [x for t in totals for x in t.ttft]
+    met = sum(t.completed - t.slo_violations for t in totals)
+    served = [t.completed / t.arrived for t in totals if t.arrived > 0]
+    jain = (sum(served) ** 2 / (len(served) * sum(x * x for x in served))) if served and any(served) else 1.0
+    out = {
+        "throughput_rps": completed / horizon_s,
+        "p99_s": _p99(all_e2e),
+        "p50_s": float(np.percentile(all_e2e, 50)) if all_e2e else 0.0,
+        "ttft_p99_s": _p99(all_ttft),
+        "dropped": float(sum(t.dropped + t.rejected for t in totals)),
+        "timeouts": float(sum(t.dropped for t in totals)),
+        "rejected": float(sum(t.rejected for t in totals)),
+        "arrived": float(arrived),
+        "completed": float(completed),
+        "slo_attainment": met / arrived if arrived else 1.0,
+        "jain_fairness": jain,
+    }
+    return out

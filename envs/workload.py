@@ -1,0 +1,303 @@
+"""Workload: arrival processes and request-size distributions, all drawn from a seeded generator.
+
+Every model here is a pydantic model (so scenario YAML is validated with clear errors) with a method that
+draws from a ``numpy.random.Generator``. A whole episode's arrivals are drawn at reset, before any policy
+acts: the workload is exogenous, so two policies run on one seed see exactly the same requests.
+
+Arrival processes (``kind``):
+* ``poisson``   – rate λ req/s, exponential gaps.
+* ``constant``  – one request every 1/λ s (first at a uniform phase).
+* ``mmpp``      – two-state Markov-modulated Poisson process ("on/off bursts"): Poisson at ``rate_on`` for an
+                  exponential sojourn of mean ``mean_on_s``, then at ``rate_off`` for mean ``mean_off_s``.
+* ``diurnal``   – Poisson with rate λ(t) = rate·(1 + amplitude·sin(2πt/period_s + phase)), drawn by
+                  thinning (Lewis & Shedler, 1979).
+* ``gamma``     – renewal process with gamma gaps: mean 1/λ, shape = burstiness (1 = Poisson, < 1 burstier).
+* ``trace``     – replay of a CSV (timestamps, prompt and output tokens), e.g. the bundled Azure 2023 trace.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from datetime import datetime
+from functools import lru_cache
+from importlib import resources
+from pathlib import Path
+from typing import Annotated, Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+BUILTIN_TRACES = {
+    "azure-2023-code": "azure_llm_2023/AzureLLMInferenceTrace_code.csv",
+    "azure-2023-conv": "azure_llm_2023/AzureLLMInferenceTrace_conv.csv",
+}
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# --------------------------------------------------------------------------- request sizes
+class ConstantSize(_Model):
+    kind: Literal["constant"] = "constant"
+    value: int = Field(ge=1)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        return np.full(n, self.value, dtype=np.int64)
+
+
+class UniformSize(_Model):
+    kind: Literal["uniform"] = "uniform"
+    low: int = Field(ge=1)
+    high: int = Field(ge=1)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        if self.high < self.low:
+            raise ValueError(f"uniform size needs low <= high, got low={self.low} high={self.high}")
+        return rng.integers(self.low, self.high + 1, size=n)
+
+
+class LognormalSize(_Model):
+    """Lognormal with the given median and sigma (of the underlying normal), clipped to [min, max]."""
+
+    kind: Literal["lognormal"] = "lognormal"
+    median: float = Field(gt=0)
+    sigma: float = Field(ge=0)
+    min: int = Field(default=1, ge=1)
+    max: int = Field(default=32768, ge=1)
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        x = rng.lognormal(math.log(self.median), self.sigma, size=n)
+        return np.clip(np.rint(x), self.min, self.max).astype(np.int64)
+
+
+class EmpiricalSize(_Model):
+    """Resample (with replacement) one column of a trace: ``prompt`` or ``output`` tokens."""
+
+    kind: Literal["empirical"] = "empirical"
+    source: str
+    column: Literal["prompt", "output"]
+
+    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
+        _, prompt, output = load_trace(self.source)
+        col = prompt if self.column == "prompt" else output
+        return col[rng.integers(0, len(col), size=n)]
+
+
+SizeSpec = Annotated[ConstantSize | UniformSize | LognormalSize | EmpiricalSize, Field(discriminator="kind")]
+
+
+# --------------------------------------------------------------------------- arrival processes
+class Poisson(_Model):
+    kind: Literal["poisson"] = "poisson"
+    rate: float = Field(gt=0, description="requests per second")
+
+    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
+        n_guess = int(self.rate * horizon_s + 6 * math.sqrt(self.rate * horizon_s + 1) + 16)
+        t = np.cumsum(rng.exponential(1.0 / self.rate, size=n_guess))
+        while t[-1] < horizon_s:  # rare: extend
+            more = t[-1] + np.cumsum(rng.exponential(1.0 / self.rate, size=n_guess))
+            t = np.concatenate([t, more])
+        return t[t < horizon_s]
+
+
+class Constant(_Model):
+    kind: Literal["constant"] = "constant"
+    rate: float = Field(gt=0)
+
+    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
+        gap = 1.0 / self.rate
+        return np.arange(rng.uniform(0, gap), horizon_s, gap)
+
+
+class Gamma(_Model):
+    kind: Literal["gamma"] = "gamma"
+    rate: float = Field(gt=0)
+    burstiness: float = Field(gt=0, description="gamma shape; 1 = Poisson, < 1 burstier, > 1 smoother")
+
+    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
+        scale = 1.0 / (self.rate * self.burstiness)
+        n_guess = int(self.rate * horizon_s * 1.5 + 64)
+        t = np.cumsum(rng.gamma(self.burstiness, scale, size=n_guess))
+        while t[-1] < horizon_s:
+            t = np.concatenate([t, t[-1] + np.cumsum(rng.gamma(self.burstiness, scale, size=n_guess))])
+        return t[t < horizon_s]
+
+
+class MMPP(_Model):
+    """On/off bursts: a two-state Markov-modulated Poisson process."""
+
+    kind: Literal["mmpp"] = "mmpp"
+    rate_on: float = Field(gt=0)
+    rate_off: float = Field(ge=0)
+    mean_on_s: float = Field(gt=0)
+    mean_off_s: float = Field(gt=0)
+    start: Literal["on", "off", "stationary"] = "stationary"
+
+    @property
+    def mean_rate(self) -> float:
+        p_on = self.mean_on_s / (self.mean_on_s + self.mean_off_s)
+        return p_on * self.rate_on + (1 - p_on) * self.rate_off
+
+    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
+        if self.start == "stationary":
+            on = bool(rng.random() < self.mean_on_s / (self.mean_on_s + self.mean_off_s))
+        else:
+            on = self.start == "on"
+        out: list[np.ndarray] = []
+        t = 0.0
+        while t < horizon_s:
+            dur = rng.exponential(self.mean_on_s if on else self.mean_off_s)
+            end = min(t + dur, horizon_s)
+            rate = self.rate_on if on else self.rate_off
+            if rate > 0:
+                n = rng.poisson(rate * (end - t))
+                out.append(np.sort(rng.uniform(t, end, size=n)))
+            t = end
+            on = not on
+        return np.concatenate(out) if out else np.empty(0)
+
+
+class Diurnal(_Model):
+    kind: Literal["diurnal"] = "diurnal"
+    rate: float = Field(gt=0, description="mean rate, requests per second")
+    amplitude: float = Field(ge=0, le=1)
+    period_s: float = Field(gt=0)
+    phase: float = 0.0
+
+    def rate_at(self, t: np.ndarray | float) -> np.ndarray | float:
+        return self.rate * (1 + self.amplitude * np.sin(2 * np.pi * np.asarray(t) / self.period_s + self.phase))
+
+    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
+        peak = self.rate * (1 + self.amplitude)
+        cand = Poisson(rate=peak).times(rng, horizon_s)
+        keep = rng.random(len(cand)) * peak < self.rate_at(cand)
+        return cand[keep]
+
+
+class Trace(_Model):
+    """Replay a trace: a builtin name (``azure-2023-code``, ``azure-2023-conv``) or a CSV path.
+
+    A CSV needs a header with a time column (seconds, or ``YYYY-MM-DD HH:MM:SS.fff`` timestamps) and
+    token columns. Times are shifted so the first request arrives at ``offset_s`` and divided by
+    ``speedup``; with ``loop`` the trace repeats until the horizon. Request sizes come from the trace.
+    """
+
+    kind: Literal["trace"] = "trace"
+    source: str
+    speedup: float = Field(default=1.0, gt=0)
+    offset_s: float = Field(default=0.0, ge=0)
+    loop: bool = False
+
+    def rows(self, horizon_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        t, prompt, output = load_trace(self.source)
+        t = t / self.speedup + self.offset_s
+        if self.loop and len(t):
+            span = t[-1] - self.offset_s + (t[1] - t[0] if len(t) > 1 else 1.0)
+            reps = max(1, math.ceil((horizon_s - self.offset_s) / span))
+            t = np.concatenate([t + k * span for k in range(reps)])
+            prompt = np.tile(prompt, reps)
+            output = np.tile(output, reps)
+        keep = t < horizon_s
+        return t[keep], prompt[keep], output[keep]
+
+    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
+        return self.rows(horizon_s)[0]
+
+
+ArrivalSpec = Annotated[
+    Poisson | Constant | Gamma | MMPP | Diurnal | Trace, Field(discriminator="kind")
+]
+
+
+# --------------------------------------------------------------------------- traces
+def _parse_time(value: str) -> float:
+    try:
+        return float(value)
+    except ValueError:
+        pass
+    # 7 fractional digits do not fit datetime's microseconds: cut to 6
+    head, _, frac = value.partition(".")
+    dt = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
+    return dt.timestamp() + (float("0." + frac) if frac else 0.0)
+
+
+_TIME_COLS = ("TIMESTAMP", "timestamp", "arrival", "arrived_at", "time")
+_PROMPT_COLS = ("ContextTokens", "prompt_tokens", "num_prefill_tokens", "input_tokens")
+_OUTPUT_COLS = ("GeneratedTokens", "output_tokens", "num_decode_tokens", "generated_tokens")
+
+
+@lru_cache(maxsize=16)
+def load_trace(source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Read a trace into (seconds from first arrival, prompt tokens, output tokens), sorted by time."""
+    if source in BUILTIN_TRACES:
+        ref = resources.files("admit.envs").joinpath("data", *BUILTIN_TRACES[source].split("/"))
+        text = ref.read_text()
+        name = source
+    else:
+        path = Path(source)
+        if not path.is_file():
+            raise ValueError(
+                f"trace {source!r} is neither a builtin trace ({', '.join(BUILTIN_TRACES)}) nor a readable file"
+            )
+        text = path.read_text()
+        name = str(path)
+    reader = csv.DictReader(text.splitlines())
+    cols = reader.fieldnames or []
+
+    def pick(options: tuple[str, ...], what: str) -> str:
+        for c in options:
+            if c in cols:
+                return c
+        raise ValueError(f"trace {name}: no {what} column; expected one of {options}, found {cols}")
+
+    tc, pc, oc = pick(_TIME_COLS, "time"), pick(_PROMPT_COLS, "prompt-token"), pick(_OUTPUT_COLS, "output-token")
+    times, prompt, output = [], [], []
+    for lineno, row in enumerate(reader, start=2):
+        try:
+            times.append(_parse_time(row[tc]))
+            prompt.append(max(1, int(row[pc])))
+            output.append(max(1, int(row[oc])))
+        except (TypeError, ValueError) as e:
+            raise ValueError(f"trace {name} line {lineno}: cannot parse {row!r}: {e}") from e
+    if not times:
+        raise ValueError(f"trace {name} has no rows")
+    t = np.asarray(times, dtype=np.float64)
+    order = np.argsort(t, kind="stable")
+    t = t[order] - t[order][0]
+    return t, np.asarray(prompt, dtype=np.int64)[order], np.asarray(output, dtype=np.int64)[order]
+
+
+# --------------------------------------------------------------------------- one tenant's draw
+class TenantDraw:
+    """Arrivals of one tenant for one episode: times, prompt/output tokens, uniform service draws."""
+
+    __slots__ = ("output", "prompt", "times", "u_service")
+
+    def __init__(self, times: np.ndarray, prompt: np.ndarray, output: np.ndarray, u_service: np.ndarray) -> None:
+        self.times, self.prompt, self.output, self.u_service = times, prompt, output, u_service
+
+
+def draw_tenant(
+    arrival: ArrivalSpec,
+    prompt: SizeSpec | None,
+    output: SizeSpec | None,
+    rng: np.random.Generator,
+    horizon_s: float,
+) -> TenantDraw:
+    """Draw one tenant's requests. Trace sizes are used unless prompt/output specs override them."""
+    if isinstance(arrival, Trace):
+        times, p, o = arrival.rows(horizon_s)
+    else:
+        times = arrival.times(rng, horizon_s)
+        p = o = None
+    n = len(times)
+    if prompt is not None:
+        p = prompt.sample(rng, n)
+    if output is not None:
+        o = output.sample(rng, n)
+    if p is None or o is None:
+        raise ValueError("a non-trace tenant needs prompt_tokens and output_tokens distributions")
+    u = rng.random(n)
+    return TenantDraw(np.asarray(times, dtype=np.float64), np.asarray(p), np.asarray(o), u)
