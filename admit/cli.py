@@ -2,9 +2,21 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import typer
 
-app = typer.Typer(no_args_is_help=True, add_completion=False, help="admit: learned admission control for multi-tenant LLM serving.")
+app = typer.Typer(
+    no_args_is_help=True,
+    add_completion=False,
+    help="admit: learned admission control for multi-tenant LLM serving.",
+    pretty_exceptions_enable=False,
+)
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
 
 
 @app.command()
@@ -13,6 +25,50 @@ def version() -> None:
     from admit import __version__
 
     typer.echo(__version__)
+
+
+@app.command()
+def scenarios() -> None:
+    """List the bundled scenarios."""
+    from admit.envs.scenario import bundled_scenarios, load_scenario
+
+    for name in bundled_scenarios():
+        sc = load_scenario(name)
+        typer.echo(f"{name:20s} {len(sc.tenants)} tenants, {sc.engine.kind} engine, {sc.horizon_s:g} s")
+
+
+@app.command()
+def evaluate(
+    scenario: str = typer.Option(..., help="bundled scenario name or path to a scenario YAML"),
+    policy: list[str] = typer.Option(..., help="policy to evaluate (repeat); the first is the baseline"),
+    seeds: int = typer.Option(20, min=1, help="number of evaluation seeds"),
+    seed_base: int = typer.Option(0, help="first seed; seeds are seed_base .. seed_base+seeds-1"),
+    out: Path = typer.Option(Path("results.json"), help="where to write the JSON results"),
+    plot: Path | None = typer.Option(None, help="write a Pareto plot (PNG) here"),
+    workers: int = typer.Option(1, min=1, help="worker processes"),
+) -> None:
+    """Evaluate policies offline on many seeds with common random numbers and paired tests."""
+    from rich.progress import Progress
+
+    from admit.envs.scenario import ScenarioError
+    from admit.train.evaluate import evaluate as run_eval
+    from admit.train.evaluate import write_json
+    from admit.train.report import pareto_plot, print_table
+
+    try:
+        with Progress(transient=True) as bar:
+            task = bar.add_task("evaluating", total=len(policy) * seeds)
+            ev = run_eval(
+                scenario, policy, seeds, seed_base, workers, progress=lambda i, n: bar.update(task, completed=i)
+            )
+    except (ScenarioError, ValueError) as e:
+        _fail(str(e))
+    data = write_json(ev, out)
+    print_table(data)
+    typer.echo(f"wrote {out}")
+    if plot is not None:
+        pareto_plot(data, plot)
+        typer.echo(f"wrote {plot}")
 
 
 def main() -> None:

@@ -1,0 +1,58 @@
+"""Policies by name, as the command line spells them: ``static``, ``static:6``, ``naive``, ...
+
+``make_controller("NAME[:ARG]")`` builds a fresh controller. Learned and prompted policies from agents/
+(``ppo:PATH`` and friends) plug in through ``register_prefix`` so this module does not import them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from admit.controllers.differentiated import DifferentiatedController
+from admit.controllers.naive import NaiveController
+from admit.controllers.static import StaticController
+from admit.core.controller import Controller
+
+
+def _static(arg: str | None) -> Controller:
+    if arg is None:
+        return StaticController()
+    try:
+        caps = [int(x) for x in arg.split(",")]
+    except ValueError:
+        raise ValueError(f"static:ARG takes an integer cap or comma-separated caps per tenant, got {arg!r}") from None
+    c = StaticController(caps[0] if len(caps) == 1 else caps)
+    c.name = f"static:{arg}"
+    return c
+
+
+def _no_arg(cls: type) -> Callable[[str | None], Controller]:
+    def make(arg: str | None) -> Controller:
+        if arg is not None:
+            raise ValueError(f"policy {cls.name!r} takes no argument, got {arg!r}")
+        return cls()
+
+    return make
+
+
+_FACTORIES: dict[str, Callable[[str | None], Controller]] = {
+    "static": _static,
+    "naive": _no_arg(NaiveController),
+    "differentiated": _no_arg(DifferentiatedController),
+}
+
+
+def register_prefix(name: str, factory: Callable[[str | None], Controller]) -> None:
+    _FACTORIES[name] = factory
+
+
+def available() -> list[str]:
+    return sorted(_FACTORIES)
+
+
+def make_controller(text: str) -> Controller:
+    name, _, arg = text.partition(":")
+    factory = _FACTORIES.get(name)
+    if factory is None:
+        raise ValueError(f"unknown policy {text!r}; available: {', '.join(available())} (some take ':ARG')")
+    return factory(arg or None)
