@@ -1,0 +1,288 @@
+"""Typed configuration of a load run: tenants, target, stage settings and sweeps.
+
+A run is described by a YAML file, by command-line flags, or both (flags win). Tenants on the command
+line are written ``--tenant name=a,rate=20,arrival=poisson,prompt=32,output=16,api_key=sk-a``. Every
+unknown key or bad value raises :class:`ConfigError` naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from admit.loadgen.arrivals import PROCESSES, ArrivalSpec
+from admit.loadgen.lengths import LengthDist, parse_length
+
+ARRIVALS = (*PROCESSES, "trace")
+APIS = ("completions", "chat")
+LADDERS = ("linear", "geometric")
+SLO_KEYS = ("ttft_ms", "tpot_ms", "itl_ms", "e2e_ms", "ntpot_ms")
+
+
+def usable_cores() -> int:
+    """Cores this process may run on (respects ``taskset``); the default number of workers."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+class ConfigError(ValueError):
+    """A bad configuration key or value; the message names it and what is allowed."""
+
+
+@dataclass
+class TenantConfig:
+    """One tenant's load: how requests arrive, how long they are, and how they identify themselves."""
+
+    name: str
+    rate: float = 0.0
+    arrival: str = "poisson"
+    burstiness: float = 1.0
+    rate_start: float = 0.0
+    prompt: LengthDist = field(default_factory=lambda: parse_length(32))
+    output: LengthDist = field(default_factory=lambda: parse_length(16))
+    api_key: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+    model: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    trace: str | None = None
+    trace_speedup: float = 1.0
+    trace_tenant: str | None = None
+
+    def arrival_spec(self, scale: float = 1.0) -> ArrivalSpec:
+        return ArrivalSpec(self.arrival, self.rate * scale, self.burstiness, self.rate_start * scale)
+
+
+@dataclass
+class SweepConfig:
+    """A rate ladder: ``linear`` steps ``start + i·(stop-start)/(steps-1)``, ``geometric`` steps
+    ``start·(stop/start)^(i/(steps-1))``; rates are totals over all tenants."""
+
+    ladder: str = "geometric"
+    start: float = 100.0
+    stop: float = 8000.0
+    steps: int = 8
+    min_achieved: float = 0.95
+    max_error_rate: float = 0.01
+
+    def rates(self) -> list[float]:
+        import numpy as np
+
+        if self.steps == 1:
+            return [self.start]
+        if self.ladder == "linear":
+            return [float(x) for x in np.linspace(self.start, self.stop, self.steps)]
+        return [float(x) for x in np.geomspace(self.start, self.stop, self.steps)]
+
+
+@dataclass
+class RunConfig:
+    """Everything one stage (or a sweep of stages) needs."""
+
+    url: str = "http://127.0.0.1:8000"
+    api: str = "completions"
+    model: str | None = None
+    duration: float = 30.0
+    seed: int = 0
+    workers: int = field(default_factory=lambda: usable_cores())
+    timeout: float = 60.0
+    max_connections: int = 20000
+    tenant_header: str | None = None
+    ignore_eos: bool = True
+    unique_prompts: bool = True
+    lag_bound_ms: float = 5.0
+    min_achieved: float = 0.99
+    max_retries: int = 0
+    retry_budget: float = 0.1
+    throttle: bool = False
+    throttle_k: float = 2.0
+    warmup: float = 0.0
+    slo: dict[str, float] = field(default_factory=dict)
+    tenants: list[TenantConfig] = field(default_factory=list)
+    sweep: SweepConfig | None = None
+
+    @property
+    def total_rate(self) -> float:
+        return sum(t.rate for t in self.tenants)
+
+    def validate(self) -> RunConfig:
+        if not self.tenants:
+            raise ConfigError("no tenants: give at least one --tenant name=...,rate=... or a 'tenants:' list")
+        names = [t.name for t in self.tenants]
+        dup = sorted({n for n in names if names.count(n) > 1})
+        if dup:
+            raise ConfigError(f"tenant names must be unique; repeated: {', '.join(dup)}")
+        if not self.url.startswith(("http://", "https://")):
+            raise ConfigError(f"url must start with http:// or https://, got {self.url!r}")
+        _check(self.api in APIS, "api", self.api, f"one of {', '.join(APIS)}")
+        _check(self.duration > 0, "duration", self.duration, "a number of seconds > 0")
+        _check(self.workers >= 1, "workers", self.workers, "an integer >= 1")
+        _check(self.timeout > 0, "timeout", self.timeout, "seconds > 0")
+        _check(self.max_connections >= 1, "max_connections", self.max_connections, "an integer >= 1")
+        _check(self.lag_bound_ms > 0, "lag_bound_ms", self.lag_bound_ms, "milliseconds > 0")
+        _check(0 < self.min_achieved <= 1, "min_achieved", self.min_achieved, "a fraction in (0, 1]")
+        _check(self.max_retries >= 0, "max_retries", self.max_retries, "an integer >= 0")
+        _check(self.retry_budget >= 0, "retry_budget", self.retry_budget, "a ratio >= 0")
+        _check(self.throttle_k >= 1, "throttle_k", self.throttle_k, "a multiplier >= 1")
+        _check(self.warmup >= 0, "warmup", self.warmup, "seconds >= 0")
+        for key, value in self.slo.items():
+            _check(key in SLO_KEYS, f"slo.{key}", key, f"one of {', '.join(SLO_KEYS)}")
+            _check(value > 0, f"slo.{key}", value, "milliseconds > 0")
+        for t in self.tenants:
+            where = f"tenant {t.name!r}"
+            _check(t.arrival in ARRIVALS, f"{where}: arrival", t.arrival, f"one of {', '.join(ARRIVALS)}")
+            if t.arrival == "trace":
+                _check(bool(t.trace), f"{where}: trace", t.trace, "a CSV or JSONL path when arrival=trace")
+                _check(t.trace_speedup > 0, f"{where}: trace_speedup", t.trace_speedup, "a factor > 0")
+            else:
+                _check(t.rate > 0, f"{where}: rate", t.rate, "requests per second > 0")
+                try:
+                    t.arrival_spec()
+                except ValueError as exc:
+                    raise ConfigError(f"{where}: {exc}") from None
+        if self.sweep is not None:
+            s = self.sweep
+            _check(s.ladder in LADDERS, "sweep.ladder", s.ladder, f"one of {', '.join(LADDERS)}")
+            _check(s.start > 0, "sweep.start", s.start, "a rate > 0")
+            _check(s.stop >= s.start, "sweep.stop", s.stop, f"a rate >= sweep.start ({s.start})")
+            _check(s.steps >= 1, "sweep.steps", s.steps, "an integer >= 1")
+            _check(0 < s.min_achieved <= 1, "sweep.min_achieved", s.min_achieved, "a fraction in (0, 1]")
+            _check(
+                0 <= s.max_error_rate <= 1, "sweep.max_error_rate", s.max_error_rate, "a fraction in [0, 1]"
+            )
+            if any(t.arrival == "trace" for t in self.tenants):
+                raise ConfigError(
+                    "a sweep scales tenant rates; trace tenants cannot be swept (use trace_speedup)"
+                )
+        return self
+
+
+def _check(ok: bool, key: str, value: Any, allowed: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}: {value!r} is not allowed; expected {allowed}")
+
+
+def _coerce(key: str, value: Any, target: Any) -> Any:
+    """Convert a raw value (string from the command line, or YAML scalar) to the field's type."""
+    try:
+        if target in (LengthDist, "LengthDist"):
+            try:
+                return parse_length(value, key)
+            except ValueError as exc:
+                raise ConfigError(str(exc)) from None
+        if target in ("bool", bool):
+            if isinstance(value, bool):
+                return value
+            low = str(value).lower()
+            if low in ("1", "true", "yes", "on"):
+                return True
+            if low in ("0", "false", "no", "off"):
+                return False
+            raise ValueError("expected true or false")
+        if target in ("int", int):
+            if isinstance(value, bool) or (isinstance(value, float) and not value.is_integer()):
+                raise ValueError("expected an integer")
+            return int(value)
+        if target in ("float", float):
+            if isinstance(value, bool):
+                raise ValueError("expected a number")
+            return float(value)
+        if target in ("str", str, "str | None"):
+            if isinstance(value, dict | list):
+                raise ValueError("expected a string")
+            return None if value is None else str(value)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {value!r} is not valid ({exc})") from None
+    return value
+
+
+def _from_mapping(cls: type, data: dict[str, Any], where: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where}: expected a mapping of keys, got {type(data).__name__}")
+    out: dict[str, Any] = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ConfigError(f"{where}: unknown key {key!r}; allowed: {', '.join(sorted(fields))}")
+        ftype = fields[key].type
+        if ftype in ("dict[str, str]", "dict[str, Any]", "dict[str, float]"):
+            if not isinstance(value, dict):
+                raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}")
+            if ftype == "dict[str, str]":
+                value = {str(k): str(v) for k, v in value.items()}
+            elif ftype == "dict[str, float]":
+                value = {str(k): _coerce(f"{where}: {key}.{k}", v, float) for k, v in value.items()}
+            out[key] = value
+        elif ftype == "float":
+            out[key] = _coerce(f"{where}: {key}", value, float)
+        elif ftype == "int":
+            out[key] = _coerce(f"{where}: {key}", value, int)
+        elif ftype == "bool":
+            out[key] = _coerce(f"{where}: {key}", value, bool)
+        elif ftype == "LengthDist":
+            out[key] = _coerce(f"{where}: {key}", value, LengthDist)
+        else:
+            out[key] = _coerce(f"{where}: {key}", value, str)
+    return out
+
+
+def tenant_from_mapping(data: dict[str, Any], index: int = 0) -> TenantConfig:
+    where = f"tenants[{index}]" if "name" not in data else f"tenant {data['name']!r}"
+    if "name" not in data:
+        raise ConfigError(f"{where}: every tenant needs a 'name'")
+    return TenantConfig(**_from_mapping(TenantConfig, data, where))
+
+
+def parse_tenant_flag(text: str) -> TenantConfig:
+    """Parse ``name=a,rate=20,...``; ``header=Name:Value`` may repeat and adds a request header."""
+    data: dict[str, Any] = {}
+    headers: dict[str, str] = {}
+    for part in filter(None, (p.strip() for p in text.split(","))):
+        if "=" not in part:
+            raise ConfigError(f"--tenant {text!r}: {part!r} is not key=value")
+        key, value = (s.strip() for s in part.split("=", 1))
+        if key == "header":
+            if ":" not in value:
+                raise ConfigError(f"--tenant {text!r}: header must be Name:Value, got {value!r}")
+            hk, hv = value.split(":", 1)
+            headers[hk.strip()] = hv.strip()
+            continue
+        if key in data:
+            raise ConfigError(f"--tenant {text!r}: key {key!r} given twice")
+        data[key] = value
+    if headers:
+        data["headers"] = headers
+    return tenant_from_mapping(data)
+
+
+def load_yaml(path: str | Path) -> RunConfig:
+    """Read a run file (see docs/loadgen.md for the schema)."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+    return config_from_mapping(raw, str(p))
+
+
+def config_from_mapping(raw: dict[str, Any], where: str = "config") -> RunConfig:
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{where}: the top level must be a mapping")
+    raw = dict(raw)
+    tenants_raw = raw.pop("tenants", [])
+    sweep_raw = raw.pop("sweep", None)
+    if not isinstance(tenants_raw, list):
+        raise ConfigError(f"{where}: tenants must be a list of mappings")
+    kwargs = _from_mapping(RunConfig, raw, where, skip=("tenants", "sweep"))
+    cfg = RunConfig(**kwargs)
+    cfg.tenants = [tenant_from_mapping(t, i) for i, t in enumerate(tenants_raw)]
+    if sweep_raw is not None:
+        cfg.sweep = SweepConfig(**_from_mapping(SweepConfig, sweep_raw, f"{where}: sweep"))
+    return cfg
