@@ -6,12 +6,15 @@ from pathlib import Path
 
 import typer
 
+from admit.loadgen.cli import app as loadgen_app
+
 app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     help="admit: learned admission control for multi-tenant LLM serving.",
     pretty_exceptions_enable=False,
 )
+app.add_typer(loadgen_app, name="loadgen")
 
 
 def _fail(msg: str) -> None:
