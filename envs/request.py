@@ -18,6 +18,7 @@ class Request:
         "computed",
         "dispatched",
         "finished",
+        "first_scheduled",
         "first_token",
         "generated",
         "output_tokens",
@@ -39,6 +40,7 @@ class Request:
         self.output_tokens = output_tokens
         self.u_service = u_service
         self.dispatched = math.nan  # left the admission queue, entered the engine
+        self.first_scheduled = math.nan  # first scheduled by the token engine (vLLM's queue-time end)
         self.first_token = math.nan
         self.finished = math.nan
         self.service_s = math.nan

@@ -1,0 +1,105 @@
+"""Hardware + model presets for the token engine: step-time coefficients, memory, KV capacity, limits.
+
+A preset is what vLLM would know at start-up on one GPU: the model's weights and KV size per token, the
+GPU's memory, the scheduler limits, and (ours) the step-time coefficients. The KV capacity follows vLLM's
+rule: ``gpu_memory_utilization · GPU memory − weights − activation reserve``, cut into blocks of
+``block_size`` tokens.
+
+Facts used (reference/simulation.md §3, §5; data/calibration/README.md):
+  * Llama-3.1-8B, BF16: 8.03 B parameters ≈ 16.06 GB of weights; KV = 2 (K, V) · 32 layers · 8 KV heads
+    · 128 dims · 2 bytes = 131,072 bytes (128 KiB) per token; max_model_len 131,072.
+  * H100 SXM: 80 GB HBM3 at 3.35 TB/s; H200: 141 GB HBM3e at 4.8 TB/s; same GH100 compute.
+  * vLLM V1 defaults on these GPUs: max_num_batched_tokens 8192, max_num_seqs 1024, block 16 tokens,
+    gpu_memory_utilization 0.9.
+  * Activation reserve: 3 GiB, the reference's estimate of vLLM's profiled peak for an 8B model at an
+    8192-token step (an assumption, not a measurement).
+Step-time coefficients: fitted in :mod:`admit.envs.calibration`; the numbers below are that fit's output,
+rounded, and tests/test_steptime.py checks that the fit still reproduces them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from admit.envs.steptime import StepTimeModel
+
+GIB = 1024**3
+LLAMA31_8B_WEIGHTS = 16.06e9
+LLAMA31_8B_KV_PER_TOKEN = 2 * 32 * 8 * 128 * 2
+
+
+@dataclass(frozen=True)
+class Preset:
+    name: str
+    gpu: str
+    model: str
+    step: StepTimeModel
+    gpu_memory_bytes: float
+    weights_bytes: float
+    activation_bytes: float
+    kv_bytes_per_token: int
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.9
+    max_model_len: int = 131_072
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 1024
+
+    @property
+    def kv_block_bytes(self) -> int:
+        return self.kv_bytes_per_token * self.block_size
+
+    @property
+    def kv_cache_bytes(self) -> float:
+        return self.gpu_memory_utilization * self.gpu_memory_bytes - self.weights_bytes - self.activation_bytes
+
+    @property
+    def num_gpu_blocks(self) -> int:
+        """KV-cache blocks, vLLM's way: the memory left under the utilisation cap, in whole blocks."""
+        return int(self.kv_cache_bytes // self.kv_block_bytes)
+
+
+# Fitted coefficients (seconds); derivation in admit.envs.calibration, figures in docs/fidelity.md.
+H100_STEP = StepTimeModel(
+    overhead_s=0.0,
+    dense_floor_s=5.6e-3,
+    dense_s_per_token=20.0e-6,
+    dense_knee=1.6,
+    per_seq_s=5.0e-6,
+    kv_read_s_per_token=76e-9,
+    prefill_attn_s_per_pair=1.0e-9,
+)
+H200_STEP = H100_STEP
+
+PRESETS: dict[str, Preset] = {
+    p.name: p
+    for p in (
+        Preset(
+            name="h200-llama3-8b",
+            gpu="NVIDIA H200 141 GB",
+            model="meta-llama/Llama-3.1-8B-Instruct (BF16, TP1)",
+            step=H200_STEP,
+            gpu_memory_bytes=141e9,
+            weights_bytes=LLAMA31_8B_WEIGHTS,
+            activation_bytes=3 * GIB,
+            kv_bytes_per_token=LLAMA31_8B_KV_PER_TOKEN,
+        ),
+        Preset(
+            name="h100-llama3-8b",
+            gpu="NVIDIA H100 SXM 80 GB",
+            model="meta-llama/Llama-3.1-8B-Instruct (BF16, TP1)",
+            step=H100_STEP,
+            gpu_memory_bytes=80e9,
+            weights_bytes=LLAMA31_8B_WEIGHTS,
+            activation_bytes=3 * GIB,
+            kv_bytes_per_token=LLAMA31_8B_KV_PER_TOKEN,
+        ),
+    )
+}
+
+
+def get_preset(name: str) -> Preset:
+    """The preset called ``name``; a clear error listing the allowed names otherwise."""
+    try:
+        return PRESETS[name]
+    except KeyError:
+        raise ValueError(f"unknown token-engine preset {name!r}; allowed: {sorted(PRESETS)}") from None
