@@ -36,9 +36,7 @@ class DifferentiatedController:
             backlog = t.queue_depth / max(t.limit, 1.0)
             if backlog > self.backlog_high:
                 out.append(1)
-            elif t.e2e_p99 > self.p99_threshold_s:
-                out.append(-1)
-            elif backlog == 0:
+            elif t.e2e_p99 > self.p99_threshold_s or backlog == 0:
                 out.append(-1)
             else:
                 out.append(0)

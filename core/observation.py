@@ -89,9 +89,7 @@ class Observation:
         n_global = len(GLOBAL_FEATURES)
         per = len(TENANT_FEATURES)
         if (len(vec) - n_global) % per != 0:
-            raise ValueError(
-                f"vector of length {len(vec)} is not {n_global} global + k×{per} tenant features"
-            )
+            raise ValueError(f"vector of length {len(vec)} is not {n_global} global + k×{per} tenant features")
         tenants = []
         for i in range((len(vec) - n_global) // per):
             block = vec[n_global + i * per : n_global + (i + 1) * per]

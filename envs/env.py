@@ -40,7 +40,6 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-
 from admit.core.observation import FEATURE_MAX, Observation
 from admit.envs.scenario import Scenario, load_scenario
 from admit.envs.simulation import Simulation

@@ -14,10 +14,9 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
-
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.envs.workload import ArrivalSpec, SizeSpec, Trace
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
 class ScenarioError(ValueError):
@@ -183,7 +182,9 @@ def load_scenario(name_or_path: str | Path, **overrides: object) -> Scenario:
     else:
         names = bundled_scenarios()
         if origin not in names:
-            raise ScenarioError(f"unknown scenario {origin!r}; bundled scenarios: {', '.join(names)} (or a path to a .yaml file)")
+            raise ScenarioError(
+                f"unknown scenario {origin!r}; bundled scenarios: {', '.join(names)} (or a path to a .yaml file)"
+            )
         text = resources.files("admit.envs").joinpath("scenarios", f"{origin}.yaml").read_text()
     try:
         data = yaml.safe_load(text)

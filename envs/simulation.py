@@ -16,7 +16,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
-
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
 from admit.core.observation import Observation
 from admit.core.telemetry import TenantWindows, build_observation

@@ -206,9 +206,7 @@ class Trace(_Model):
         return self.rows(horizon_s)[0]
 
 
-ArrivalSpec = Annotated[
-    Poisson | Constant | Gamma | MMPP | Diurnal | Trace, Field(discriminator="kind")
-]
+ArrivalSpec = Annotated[Poisson | Constant | Gamma | MMPP | Diurnal | Trace, Field(discriminator="kind")]
 
 
 # --------------------------------------------------------------------------- traces

@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from scipy import stats
-
 from admit.controllers.registry import make_controller
 from admit.core.controller import validate_deltas
 from admit.envs.scenario import Scenario, load_scenario
 from admit.envs.simulation import Simulation
+from scipy import stats
 
 METRICS = ("throughput_rps", "p99_s", "dropped", "slo_attainment", "jain_fairness", "ttft_p99_s", "p50_s")
 

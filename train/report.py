@@ -53,7 +53,9 @@ def pareto_plot(data: dict, path: str | Path) -> None:
         xerr = [[x - e["p99_s"]["ci95"][0]], [e["p99_s"]["ci95"][1] - x]]
         yerr = [[y - e["throughput_rps"]["ci95"][0]], [e["throughput_rps"]["ci95"][1] - y]]
         ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", ecolor="gray", alpha=0.6, capsize=3)
-        ax.scatter([x], [y], s=20 + scale * e["dropped"]["mean"], alpha=0.6, label=f"{name} (drops {e['dropped']['mean']:.0f})")
+        ax.scatter(
+            [x], [y], s=20 + scale * e["dropped"]["mean"], alpha=0.6, label=f"{name} (drops {e['dropped']['mean']:.0f})"
+        )
         ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
     ax.set_xlabel("p99 latency (s)  — lower is better")
     ax.set_ylabel("throughput (req/s)  — higher is better")

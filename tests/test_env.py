@@ -1,0 +1,116 @@
+import warnings
+
+import gymnasium
+import numpy as np
+import pytest
+from admit.envs.env import TenantAdmissionEnv
+from gymnasium.utils.env_checker import check_env
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
+
+import admit  # noqa: F401  (registers the env)
+
+ENV_ID = "admit/TenantAdmission-v0"
+
+
+def test_gymnasium_and_sb3_checkers_pass_without_warnings():
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # any warning fails the test
+        env = gymnasium.make(ENV_ID, scenario="seed-paper")
+        check_env(env.unwrapped)
+        sb3_check_env(gymnasium.make(ENV_ID, scenario="seed-paper").unwrapped, warn=True)
+
+
+def test_spaces_follow_the_scenario():
+    env = gymnasium.make(ENV_ID, scenario="seed-paper")
+    assert env.action_space == gymnasium.spaces.MultiDiscrete([3, 3])
+    assert env.observation_space.shape == (3 + 2 * 17,)
+
+
+def _trajectory(seed, actions):
+    env = TenantAdmissionEnv("seed-paper")
+    obs, _ = env.reset(seed=seed)
+    out = [obs]
+    rewards = []
+    for a in actions:
+        obs, r, term, trunc, info = env.step(a)
+        out.append(obs)
+        rewards.append(r)
+    return np.array(out), np.array(rewards)
+
+
+def test_same_seed_same_trajectory_different_seed_differs():
+    actions = np.random.default_rng(0).integers(0, 3, size=(200, 2))
+    o1, r1 = _trajectory(5, actions)
+    o2, r2 = _trajectory(5, actions)
+    o3, _ = _trajectory(6, actions)
+    assert np.array_equal(o1, o2) and np.array_equal(r1, r2)
+    assert not np.array_equal(o1, o3)
+
+
+def test_episode_truncates_at_horizon_with_metrics_and_reward_terms():
+    env = TenantAdmissionEnv("seed-paper")
+    env.reset(seed=1)
+    steps = 0
+    while True:
+        _, r, term, trunc, info = env.step(np.array([1, 1]))
+        steps += 1
+        assert not term
+        assert r == pytest.approx(sum(info["reward_terms"].values()))
+        if trunc:
+            break
+    assert steps == 600  # 1800 s / 3 s
+    assert info["time_s"] == pytest.approx(1800.0)
+    assert info["episode_metrics"]["throughput_rps"] > 0
+
+
+def test_limits_are_clamped_to_bounds():
+    env = TenantAdmissionEnv("seed-paper")
+    env.reset(seed=0)
+    for _ in range(10):
+        _, _, _, _, info = env.step(np.array([2, 0]))  # +1 for tenant 0, −1 for tenant 1
+    assert info["limits"] == [4, 1]  # seed-paper bounds are [1, 4]
+
+
+@pytest.mark.parametrize(
+    "action, message",
+    [
+        (np.array([1, 1, 1]), "shape"),
+        (np.array([3, 0]), "out of range"),
+        (np.array([-1, 0]), "out of range"),
+        (np.array([0.5, 1.0]), "not integral"),
+        ("up", "shape"),
+    ],
+)
+def test_bad_actions_name_the_allowed_values(action, message):
+    env = TenantAdmissionEnv("seed-paper")
+    env.reset(seed=0)
+    with pytest.raises(ValueError, match=message) as e:
+        env.step(action)
+    assert "values in 0..2" in str(e.value)
+
+
+def test_step_before_reset_and_unknown_scenario():
+    with pytest.raises(RuntimeError, match="reset"):
+        TenantAdmissionEnv("seed-paper").step(np.array([1, 1]))
+    with pytest.raises(ValueError, match="unknown scenario"):
+        gymnasium.make(ENV_ID, scenario="no-such-scenario")
+
+
+def _make():
+    return TenantAdmissionEnv("seed-paper")
+
+
+@pytest.mark.parametrize("vec_cls", [DummyVecEnv, SubprocVecEnv])
+def test_vectorised_envs(vec_cls):
+    venv = vec_cls([_make, _make])
+    try:
+        venv.seed(11)
+        obs = venv.reset()
+        assert obs.shape == (2, 37)
+        for _ in range(5):
+            obs, rew, done, info = venv.step(np.array([[1, 1], [2, 0]]))
+        assert obs.shape == (2, 37) and rew.shape == (2,)
+        assert info[1]["limits"] == [4, 1]
+    finally:
+        venv.close()

@@ -1,0 +1,92 @@
+import numpy as np
+import pytest
+from admit.envs.workload import (
+    MMPP,
+    ConstantSize,
+    Diurnal,
+    Gamma,
+    LognormalSize,
+    Poisson,
+    Trace,
+    draw_tenant,
+    load_trace,
+)
+
+
+def rng(seed=0):
+    return np.random.default_rng(seed)
+
+
+def test_poisson_rate_and_exponential_gaps():
+    t = Poisson(rate=5.0).times(rng(), 2000.0)
+    assert abs(len(t) / 2000.0 - 5.0) < 0.15
+    gaps = np.diff(t)
+    assert abs(gaps.std() / gaps.mean() - 1.0) < 0.05  # CV of exponential = 1
+    assert np.all(np.diff(t) >= 0) and t[-1] < 2000.0
+
+
+def test_gamma_burstiness_controls_cv():
+    smooth = np.diff(Gamma(rate=4.0, burstiness=4.0).times(rng(), 2000.0))
+    bursty = np.diff(Gamma(rate=4.0, burstiness=0.25).times(rng(), 2000.0))
+    assert smooth.std() / smooth.mean() < 0.6 < 1.5 < bursty.std() / bursty.mean()
+
+
+def test_mmpp_mean_rate_and_burstiness():
+    m = MMPP(rate_on=4.0, rate_off=0.2, mean_on_s=20, mean_off_s=60)
+    counts = []
+    for s in range(20):
+        counts.append(len(m.times(rng(s), 3600.0)) / 3600.0)
+    assert abs(np.mean(counts) - m.mean_rate) / m.mean_rate < 0.1
+    per_10s = np.histogram(m.times(rng(1), 3600.0), bins=360, range=(0, 3600))[0]
+    assert per_10s.var() / per_10s.mean() > 3  # overdispersed, unlike Poisson (ratio 1)
+
+
+def test_diurnal_follows_its_rate_curve():
+    d = Diurnal(rate=10.0, amplitude=0.8, period_s=1000.0)
+    t = d.times(rng(), 1000.0)
+    first_half = np.sum(t < 500) / 500
+    second_half = np.sum(t >= 500) / 500
+    assert first_half > 1.5 * second_half  # sin is positive on the first half-period
+
+
+def test_builtin_azure_trace_is_shipped_and_parsed():
+    t, p, o = load_trace("azure-2023-code")
+    assert len(t) == 8819
+    assert t[0] == 0.0 and np.all(np.diff(t) >= 0)
+    assert 3400 < t[-1] < 3500
+    assert p.mean() == pytest.approx(2048, rel=0.01)
+    assert o.mean() == pytest.approx(27.9, rel=0.01)
+    t2, _, _ = load_trace("azure-2023-conv")
+    assert len(t2) == 19366
+
+
+def test_trace_replay_speedup_offset_and_loop(tmp_path):
+    f = tmp_path / "tiny.csv"
+    f.write_text("arrival,prompt_tokens,output_tokens\n0,10,5\n1,20,6\n2,30,7\n")
+    tr = Trace(source=str(f), speedup=2.0, offset_s=1.0, loop=True)
+    times, prompt, output = tr.rows(horizon_s=5.0)
+    assert times.tolist() == [1.0, 1.5, 2.0, 2.5, 3.0, 3.5, 4.0, 4.5]
+    assert prompt.tolist()[:4] == [10, 20, 30, 10]
+
+
+def test_bad_trace_errors_name_the_problem(tmp_path):
+    with pytest.raises(ValueError, match="neither a builtin trace"):
+        load_trace(str(tmp_path / "missing.csv"))
+    f = tmp_path / "bad.csv"
+    f.write_text("when,prompt_tokens,output_tokens\n0,1,1\n")
+    with pytest.raises(ValueError, match="no time column"):
+        load_trace(str(f))
+    g = tmp_path / "bad2.csv"
+    g.write_text("arrival,prompt_tokens,output_tokens\n0,abc,1\n")
+    with pytest.raises(ValueError, match="line 2"):
+        load_trace(str(g))
+
+
+def test_same_seed_same_draw():
+    spec = (Poisson(rate=2.0), LognormalSize(median=500, sigma=1.0), ConstantSize(value=64))
+    a = draw_tenant(*spec, rng(7), 100.0)
+    b = draw_tenant(*spec, rng(7), 100.0)
+    c = draw_tenant(*spec, rng(8), 100.0)
+    assert np.array_equal(a.times, b.times) and np.array_equal(a.prompt, b.prompt)
+    assert np.array_equal(a.u_service, b.u_service)
+    assert not np.array_equal(a.times[:5], c.times[:5])
