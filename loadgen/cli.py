@@ -44,9 +44,7 @@ DurationOpt = Annotated[float | None, typer.Option(help="seconds per stage")]
 SeedOpt = Annotated[int | None, typer.Option(help="seed of every random draw")]
 WorkersOpt = Annotated[int | None, typer.Option(help="worker processes (default: one per usable core)")]
 TimeoutOpt = Annotated[float | None, typer.Option(help="request timeout in seconds")]
-TenantHeaderOpt = Annotated[
-    str | None, typer.Option(help="send each tenant's name in this header, e.g. X-Tenant")
-]
+TenantHeaderOpt = Annotated[str | None, typer.Option(help="send each tenant's name in this header, e.g. X-Tenant")]
 SloOpt = Annotated[
     str | None, typer.Option(help=f"SLOs in ms, e.g. ttft_ms=200,tpot_ms=50; keys: {', '.join(SLO_KEYS)}")
 ]
@@ -56,14 +54,10 @@ ThrottleOpt = Annotated[
     bool | None, typer.Option("--throttle/--no-throttle", help="Google SRE adaptive throttling (K=2)")
 ]
 LagOpt = Annotated[float | None, typer.Option(help="send-lag p99 bound for a valid stage, ms")]
-WarmupOpt = Annotated[
-    float | None, typer.Option(help="seconds at the start kept out of the latency histograms")
-]
+WarmupOpt = Annotated[float | None, typer.Option(help="seconds at the start kept out of the latency histograms")]
 OutOpt = Annotated[Path, typer.Option(help="directory for the JSON, CSV and PNG reports")]
 PlotOpt = Annotated[bool, typer.Option("--plot/--no-plot", help="write latency_vs_throughput.png")]
-StrictOpt = Annotated[
-    bool, typer.Option(help="exit with status 3 when a stage fails the generator self-check")
-]
+StrictOpt = Annotated[bool, typer.Option(help="exit with status 3 when a stage fails the generator self-check")]
 
 
 def _fail(msg: str) -> typer.Exit:
@@ -193,9 +187,7 @@ def sweep(
     start: Annotated[float | None, typer.Option(help="first total rate, req/s")] = None,
     stop: Annotated[float | None, typer.Option(help="last total rate, req/s")] = None,
     steps: Annotated[int | None, typer.Option(help="number of stages")] = None,
-    min_achieved: Annotated[
-        float | None, typer.Option(help="stop when achieved/requested falls below this")
-    ] = None,
+    min_achieved: Annotated[float | None, typer.Option(help="stop when achieved/requested falls below this")] = None,
     max_error_rate: Annotated[float | None, typer.Option(help="stop when failed/sent exceeds this")] = None,
     plot: PlotOpt = True,
 ) -> None:
@@ -257,9 +249,7 @@ def sweep(
     }
     write_reports(out, summaries, extra, plot=plot)
     Console().print(console_table(summaries, title="admit loadgen sweep"))
-    console.print(
-        f"max sustainable rate: {res.max_sustainable_rate}; knee: {res.knee_rate}; stop: {res.stop_reason}"
-    )
+    console.print(f"max sustainable rate: {res.max_sustainable_rate}; knee: {res.knee_rate}; stop: {res.stop_reason}")
     console.print(f"reports in {out}")
 
 

@@ -156,65 +156,72 @@ class Connection(asyncio.Protocol):
 
     # -- parsing ----------------------------------------------------------------------------------
     def _parse(self, now: int) -> None:
-        while self.cur is not None:
-            buf = self.buf
-            st = self.state
-            if st == _HEAD:
-                end = buf.find(b"\r\n\r\n")
-                if end < 0:
-                    if len(buf) > 65536:
-                        raise ValueError("header too long")
-                    return
-                self._head(buf[:end])
-                self.buf = buf[end + 4 :]
-            elif st == _CHUNK_SIZE:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return
-                size = int(buf[:end].split(b";", 1)[0], 16)
-                self.buf = buf[end + 2 :]
-                if size == 0:
-                    self.state = _TRAILER
-                else:
-                    self.left = size
-                    self.state = _CHUNK_DATA
-            elif st == _CHUNK_DATA:
-                if not buf:
-                    return
-                take = buf[: self.left]
-                self.left -= len(take)
-                self.buf = buf[len(take) :]
-                self._feed_body(take, now)
-                if self.left == 0:
-                    self.state = _CHUNK_CRLF
-            elif st == _CHUNK_CRLF:
-                if len(buf) < 2:
-                    return
-                if buf[:2] != b"\r\n":
-                    raise ValueError("chunk not followed by CRLF")
-                self.buf = buf[2:]
-                self.state = _CHUNK_SIZE
-            elif st == _TRAILER:
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    return
-                self.buf = buf[end + 2 :]
-                if end == 0:
-                    self._finish(now)
-                    return
-            elif st == _LENGTH:
-                take = buf[: self.left]
-                self.left -= len(take)
-                self.buf = buf[len(take) :]
-                self._feed_body(take, now)
-                if self.left == 0:
-                    self._finish(now)
-                    return
-                return
-            else:  # _UNTIL_CLOSE
-                self._feed_body(buf, now)
-                self.buf = b""
-                return
+        """Advance the state machine over ``self.buf`` with an index; the buffer is cut once at the end."""
+        buf = self.buf
+        pos = 0
+        n = len(buf)
+        try:
+            while self.cur is not None and pos < n:
+                st = self.state
+                if st == _CHUNK_SIZE:
+                    end = buf.find(b"\r\n", pos)
+                    if end < 0:
+                        break
+                    size = int(buf[pos:end].split(b";", 1)[0], 16)
+                    pos = end + 2
+                    if size == 0:
+                        self.state = _TRAILER
+                    else:
+                        self.left = size
+                        self.state = _CHUNK_DATA
+                elif st == _CHUNK_DATA:
+                    stop = min(n, pos + self.left)
+                    self.left -= stop - pos
+                    self._feed_body(buf[pos:stop], now)
+                    pos = stop
+                    if self.left == 0:
+                        self.state = _CHUNK_CRLF
+                elif st == _CHUNK_CRLF:
+                    if n - pos < 2:
+                        break
+                    if buf[pos : pos + 2] != b"\r\n":
+                        raise ValueError("chunk not followed by CRLF")
+                    pos += 2
+                    self.state = _CHUNK_SIZE
+                elif st == _HEAD:
+                    end = buf.find(b"\r\n\r\n", pos)
+                    if end < 0:
+                        if n - pos > 65536:
+                            raise ValueError("header too long")
+                        break
+                    head = buf[pos:end]
+                    pos = end + 4
+                    self._head(head)
+                elif st == _TRAILER:
+                    end = buf.find(b"\r\n", pos)
+                    if end < 0:
+                        break
+                    trailer_empty = end == pos
+                    pos = end + 2
+                    if trailer_empty:
+                        self.buf = buf[pos:]
+                        self._finish(now)
+                        return
+                elif st == _LENGTH:
+                    stop = min(n, pos + self.left)
+                    self.left -= stop - pos
+                    self._feed_body(buf[pos:stop], now)
+                    pos = stop
+                    if self.left == 0:
+                        self.buf = buf[pos:]
+                        self._finish(now)
+                        return
+                else:  # _UNTIL_CLOSE
+                    self._feed_body(buf[pos:], now)
+                    pos = n
+        finally:
+            if self.cur is not None or self.state != _HEAD:
+                self.buf = buf[pos:]
 
     def _head(self, head: bytes) -> None:
         lines = head.split(b"\r\n")
@@ -285,8 +292,7 @@ class Connection(asyncio.Protocol):
             data = [ln[5:].strip() for ln in ev.replace(b"\r", b"").split(b"\n") if ln.startswith(b"data:")]
             if not data:
                 ok = all(
-                    ln.startswith((b":", b"event:", b"id:", b"retry:")) or not ln.strip()
-                    for ln in ev.split(b"\n")
+                    ln.startswith((b":", b"event:", b"id:", b"retry:")) or not ln.strip() for ln in ev.split(b"\n")
                 )
                 if not ok:
                     a.malformed = True

@@ -152,13 +152,9 @@ class RunConfig:
             _check(s.stop >= s.start, "sweep.stop", s.stop, f"a rate >= sweep.start ({s.start})")
             _check(s.steps >= 1, "sweep.steps", s.steps, "an integer >= 1")
             _check(0 < s.min_achieved <= 1, "sweep.min_achieved", s.min_achieved, "a fraction in (0, 1]")
-            _check(
-                0 <= s.max_error_rate <= 1, "sweep.max_error_rate", s.max_error_rate, "a fraction in [0, 1]"
-            )
+            _check(0 <= s.max_error_rate <= 1, "sweep.max_error_rate", s.max_error_rate, "a fraction in [0, 1]")
             if any(t.arrival == "trace" for t in self.tenants):
-                raise ConfigError(
-                    "a sweep scales tenant rates; trace tenants cannot be swept (use trace_speedup)"
-                )
+                raise ConfigError("a sweep scales tenant rates; trace tenants cannot be swept (use trace_speedup)")
         return self
 
 

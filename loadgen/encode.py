@@ -99,9 +99,7 @@ class Encoder:
         return self._heads[tenant] + str(len(body)).encode() + b"\r\n\r\n" + body
 
 
-def tenant_headers(
-    api_key: str | None, tenant_header: str | None, name: str, extra: dict[str, str]
-) -> dict[str, str]:
+def tenant_headers(api_key: str | None, tenant_header: str | None, name: str, extra: dict[str, str]) -> dict[str, str]:
     """Identification headers: ``Authorization: Bearer KEY``, the tenant-name header, then any others."""
     headers: dict[str, str] = {}
     if api_key:

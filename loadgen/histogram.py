@@ -122,9 +122,7 @@ class Histogram:
     @classmethod
     def from_dict(cls, data: dict) -> Histogram:
         if data.get("sig_bits", SIG_BITS) != SIG_BITS:
-            raise ValueError(
-                f"histogram was written with sig_bits={data['sig_bits']}, this build uses {SIG_BITS}"
-            )
+            raise ValueError(f"histogram was written with sig_bits={data['sig_bits']}, this build uses {SIG_BITS}")
         return cls(
             counts={int(k): int(v) for k, v in data["buckets"].items()},
             count=int(data["count"]),

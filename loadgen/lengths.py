@@ -20,9 +20,7 @@ import numpy as np
 
 KINDS = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2, "exponential": 1}
 DEFAULT_MAX = 1_000_000
-FORMS = (
-    "N, fixed:N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA, exponential:MEAN (optional :max=M)"
-)
+FORMS = "N, fixed:N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA, exponential:MEAN (optional :max=M)"
 
 
 @dataclass(frozen=True)
@@ -74,9 +72,7 @@ def parse_length(text: str | int, what: str = "length") -> LengthDist:
     if kind not in KINDS:
         raise ValueError(f"{what}: unknown distribution {kind!r}; allowed forms: {FORMS}")
     if len(raw) != KINDS[kind]:
-        raise ValueError(
-            f"{what}: {kind} takes {KINDS[kind]} number(s), got {len(raw)} in {text!r}; forms: {FORMS}"
-        )
+        raise ValueError(f"{what}: {kind} takes {KINDS[kind]} number(s), got {len(raw)} in {text!r}; forms: {FORMS}")
     try:
         params = tuple(float(v) for v in raw)
     except ValueError:

@@ -129,17 +129,13 @@ class ServerProtocol(asyncio.Protocol):
             return
         n = int(req.get("max_tokens") or req.get("max_completion_tokens") or 16)
         chat = b"chat" in path
-        prompt = (
-            req.get("prompt") if not chat else " ".join(m.get("content", "") for m in req.get("messages", []))
-        )
+        prompt = req.get("prompt") if not chat else " ".join(m.get("content", "") for m in req.get("messages", []))
         usage = {"prompt_tokens": len(str(prompt).split()), "completion_tokens": n, "total_tokens": 0}
         usage["total_tokens"] = usage["prompt_tokens"] + n
         if not req.get("stream"):
             text = " tok" * n
             choice = (
-                {"index": 0, "message": {"role": "assistant", "content": text}}
-                if chat
-                else {"index": 0, "text": text}
+                {"index": 0, "message": {"role": "assistant", "content": text}} if chat else {"index": 0, "text": text}
             )
             out = {
                 "id": "cmpl-1",
@@ -151,18 +147,14 @@ class ServerProtocol(asyncio.Protocol):
             self._write(_response(b"200 OK", json.dumps(out).encode()))
             return
         self.busy = True
-        self._write(
-            b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n"
-        )
+        self._write(b"HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
         if chat:
             token = (
                 b'{"id":"c","object":"chat.completion.chunk","model":"mock",'
                 b'"choices":[{"index":0,"delta":{"content":" tok"}}]}'
             )
         else:
-            token = (
-                b'{"id":"c","object":"text_completion","model":"mock","choices":[{"index":0,"text":" tok"}]}'
-            )
+            token = b'{"id":"c","object":"text_completion","model":"mock","choices":[{"index":0,"text":" tok"}]}'
         tail = b""
         if (req.get("stream_options") or {}).get("include_usage"):
             tail += _chunk(json.dumps({"id": "c", "model": MODEL, "choices": [], "usage": usage}).encode())
@@ -172,6 +164,14 @@ class ServerProtocol(asyncio.Protocol):
 
         def step() -> None:
             if self.transport is None:
+                return
+            if self.itl_s == 0 and not fault:  # no delay between tokens: one write for the whole stream
+                self._write(tok * state["left"] + tail)
+                state["left"] = 0
+                self.stats.streams_done += 1
+                self.busy = False
+                if self.buf:
+                    self._next()
                 return
             if fault == "malformed" and state["left"] == n // 2:
                 self._write(_chunk(b"this is not json"))
@@ -200,9 +200,7 @@ class ServerProtocol(asyncio.Protocol):
             step()
 
 
-async def serve(
-    host: str, port: int, ttft_ms: float, itl_ms: float, retry_after: float, announce: bool = True
-) -> None:
+async def serve(host: str, port: int, ttft_ms: float, itl_ms: float, retry_after: float, announce: bool = True) -> None:
     loop = asyncio.get_running_loop()
     stats = Stats()
     server = await loop.create_server(

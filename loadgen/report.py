@@ -46,9 +46,7 @@ def hist_stats(h: Histogram) -> dict[str, Any]:
     return out
 
 
-def _block(
-    m: TenantMetrics, span_s: float, scheduled: int, duration_s: float, send_span_s: float
-) -> dict[str, Any]:
+def _block(m: TenantMetrics, span_s: float, scheduled: int, duration_s: float, send_span_s: float) -> dict[str, Any]:
     sent = m.sent
     return {
         "load_summary": {

@@ -88,9 +88,7 @@ class StageResult:
     def invalid_reasons(self) -> list[str]:
         reasons = []
         if self.achieved_ratio < self.min_achieved:
-            reasons.append(
-                f"achieved {self.achieved_ratio:.1%} of the requested rate (< {self.min_achieved:.0%})"
-            )
+            reasons.append(f"achieved {self.achieved_ratio:.1%} of the requested rate (< {self.min_achieved:.0%})")
         lag = self.lag_p99_ms
         if not math.isnan(lag) and lag > self.lag_bound_ms:
             reasons.append(f"send-lag p99 {lag:.2f} ms > {self.lag_bound_ms:g} ms")
@@ -120,11 +118,7 @@ def discover_model(cfg: RunConfig, timeout_s: float = 10.0) -> str:
     """The first model id from ``GET /v1/models`` (used when no model is configured)."""
     target = Target.from_url(cfg.url, cfg.api)
     conn_cls = http.client.HTTPSConnection if target.tls else http.client.HTTPConnection
-    path = (
-        target.path.rsplit("/", 2)[0] + "/models"
-        if cfg.api == "chat"
-        else target.path.rsplit("/", 1)[0] + "/models"
-    )
+    path = target.path.rsplit("/", 2)[0] + "/models" if cfg.api == "chat" else target.path.rsplit("/", 1)[0] + "/models"
     headers = {}
     first = cfg.tenants[0] if cfg.tenants else None
     if first is not None:
@@ -136,9 +130,7 @@ def discover_model(cfg: RunConfig, timeout_s: float = 10.0) -> str:
         body = resp.read()
         conn.close()
     except OSError as exc:
-        raise ConfigError(
-            f"no --model given and {cfg.url} could not be asked for its models: {exc}"
-        ) from None
+        raise ConfigError(f"no --model given and {cfg.url} could not be asked for its models: {exc}") from None
     if resp.status != 200:
         raise ConfigError(f"no --model given and GET {path} answered {resp.status}; pass --model")
     try:
@@ -196,9 +188,7 @@ def run_stage(
         t0 = monotonic_ns() + int(START_DELAY_S * NS)
         for pipe in pipes:
             pipe.send(("start", t0))
-        deadline = (
-            time.monotonic() + START_DELAY_S + cfg.duration + cfg.timeout * (cfg.max_retries + 1) + 30.0
-        )
+        deadline = time.monotonic() + START_DELAY_S + cfg.duration + cfg.timeout * (cfg.max_retries + 1) + 30.0
         results: list[WorkerResult] = []
         for pipe in pipes:
             while not pipe.poll(0.1):

@@ -53,9 +53,7 @@ def build_schedule(cfg: RunConfig, scale: float = 1.0, stage: int = 0) -> Schedu
     for idx, (tenant, stream) in enumerate(zip(cfg.tenants, streams, strict=True)):
         rng = np.random.default_rng(stream)
         if tenant.arrival == "trace":
-            trace = read_trace(tenant.trace or "", tenant.trace_tenant).window(
-                cfg.duration, tenant.trace_speedup
-            )
+            trace = read_trace(tenant.trace or "", tenant.trace_tenant).window(cfg.duration, tenant.trace_speedup)
             offs, prompt, out = trace.offsets_ns(), trace.prompt_tokens, trace.output_tokens
         else:
             offs = arrival_times(tenant.arrival_spec(scale), cfg.duration, rng)

@@ -79,9 +79,7 @@ def run_sweep(
     stop = None
     sustainable = None
     for i, rate in enumerate(cfg.sweep.rates()):
-        r = run_stage(
-            cfg, model, rate / base, stage=i, on_tick=(lambda f, i=i: on_tick(i, f)) if on_tick else None
-        )
+        r = run_stage(cfg, model, rate / base, stage=i, on_tick=(lambda f, i=i: on_tick(i, f)) if on_tick else None)
         results.append(r)
         reasons = stop_reasons(r, cfg)
         if on_stage is not None:

@@ -82,18 +82,14 @@ def read_azure_csv(path: str | Path) -> Trace:
         reader = csv.DictReader(fh)
         missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or [])]
         if missing:
-            raise ValueError(
-                f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(AZURE_COLUMNS)}"
-            )
+            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(AZURE_COLUMNS)}")
         for line, row in enumerate(reader, start=2):
             arr.append(_timestamp(row["TIMESTAMP"], path, line))
             try:
                 prompt.append(int(row["ContextTokens"]))
                 out.append(int(row["GeneratedTokens"]))
             except ValueError:
-                raise ValueError(
-                    f"{path}:{line}: ContextTokens and GeneratedTokens must be integers"
-                ) from None
+                raise ValueError(f"{path}:{line}: ContextTokens and GeneratedTokens must be integers") from None
     return _build(arr, prompt, out, path)
 
 
@@ -114,9 +110,7 @@ def read_jsonl(path: str | Path, tenant: str | None = None) -> Trace:
             missing = [k for k in JSONL_KEYS if k not in rec]
             if missing:
                 need = ", ".join(JSONL_KEYS)
-                raise ValueError(
-                    f"{path}:{line}: missing key(s) {', '.join(missing)}; each line needs {need}"
-                )
+                raise ValueError(f"{path}:{line}: missing key(s) {', '.join(missing)}; each line needs {need}")
             if tenant is not None and str(rec["tenant"]) != tenant:
                 continue
             try:

@@ -119,9 +119,7 @@ class Worker:
         tgt = self.job.target
         self.opening += 1
         try:
-            _, proto = await self.loop.create_connection(
-                lambda: Connection(self), tgt.host, tgt.port, ssl=self.ssl_ctx
-            )
+            _, proto = await self.loop.create_connection(lambda: Connection(self), tgt.host, tgt.port, ssl=self.ssl_ctx)
         finally:
             self.opening -= 1
         self.opened += 1
@@ -219,9 +217,7 @@ class Worker:
         else:
             conn.abort()
         if self.throttles is not None:
-            self.throttles[a.tenant].on_response(
-                now / NS, a.status not in (429, 503) and reason != "connect_error"
-            )
+            self.throttles[a.tenant].on_response(now / NS, a.status not in (429, 503) and reason != "connect_error")
         if reason in ("http_429", "http_503") and self._retry(a, now):
             pass
         else:

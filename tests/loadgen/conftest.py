@@ -12,9 +12,7 @@ from collections.abc import Callable, Iterator
 import pytest
 
 
-def start_mock(
-    ttft_ms: float = 0.0, itl_ms: float = 0.0, retry_after: float = 0.0
-) -> tuple[subprocess.Popen, str]:
+def start_mock(ttft_ms: float = 0.0, itl_ms: float = 0.0, retry_after: float = 0.0) -> tuple[subprocess.Popen, str]:
     proc = subprocess.Popen(
         [
             sys.executable,

@@ -6,8 +6,7 @@ from admit.loadgen.lengths import parse_length
 
 def test_tenant_flag_parses_every_kind_of_value():
     t = parse_tenant_flag(
-        "name=a,rate=20,arrival=gamma,burstiness=0.5,prompt=uniform:10:20,output=64,"
-        "api_key=sk-a,header=X-Team:blue"
+        "name=a,rate=20,arrival=gamma,burstiness=0.5,prompt=uniform:10:20,output=64,api_key=sk-a,header=X-Team:blue"
     )
     assert (t.name, t.rate, t.arrival, t.burstiness, t.api_key) == ("a", 20.0, "gamma", 0.5, "sk-a")
     assert t.headers == {"X-Team": "blue"}

@@ -44,7 +44,10 @@ def test_two_tenant_poisson_run_matches_known_server_delays(mock_server, tmp_pat
     s = json.loads((out / "stage_0.json").read_text())
     load = s["load_summary"]
     assert load["sent"] == load["scheduled"] and s["requests"]["failed"] == 0
-    assert load["achieved_ratio"] >= 0.99 and s["valid"]
+    assert load["achieved_ratio"] >= 0.99
+    # the 5 ms self-check bound needs a quiet machine; a shared CI core gets a looser bound here
+    assert load["send_lag"]["p50"] < 5 and load["send_lag"]["p99"] < 50
+    assert s["valid"] == (load["send_lag"]["p99"] <= 5)
     assert abs(load["requested_rate"] - 90) < 15
     lat = s["latency"]
     # the server sleeps TTFT_MS before the first token and ITL_MS between tokens; loopback and timer
@@ -163,6 +166,8 @@ def test_sweep_writes_every_stage_and_stops_on_slo_break(mock_server, tmp_path):
             "1",
             "--workers",
             "1",
+            "--lag-bound-ms",
+            "50",
             "--tenant",
             "name=a,rate=1,output=4",
             "--ladder",
