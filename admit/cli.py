@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from admit.envs.fidelity import fidelity
 from admit.loadgen.cli import app as loadgen_app
 
 app = typer.Typer(
@@ -15,6 +16,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(loadgen_app, name="loadgen")
+app.command()(fidelity)
 
 
 def _fail(msg: str) -> None:
