@@ -79,6 +79,7 @@ class AdmissionCore:
             raise ValueError("AdmissionCore needs at least one tenant")
         self._clock = clock
         self._late: list[tuple[int, Any, float]] = []  # found expired while dispatching, not yet reported
+        self.queued = 0  # items in all queues together
 
     # ----------------------------------------------------------------- inspection
     @property
@@ -103,6 +104,8 @@ class AdmissionCore:
         if self._late:
             return -math.inf
         best = math.inf
+        if not self.queued:
+            return best
         for s in self._t:
             if s.queue and s.queue[0][0] < best:
                 best = s.queue[0][0]
@@ -121,6 +124,7 @@ class AdmissionCore:
             return Offer.REJECTED
         now = self._clock()
         s.queue.append((now + s.timeout, now, payload))
+        self.queued += 1
         return Offer.QUEUED
 
     def release(self, tenant: int) -> tuple[Any, float] | None:
@@ -142,6 +146,7 @@ class AdmissionCore:
         q = s.queue
         while q:
             deadline, enq, payload = q.popleft()
+            self.queued -= 1
             if deadline < now:  # waited too long: it is a drop, not a dispatch
                 s.dropped += 1
                 self._late.append((tenant, payload, now - enq))
@@ -178,6 +183,7 @@ class AdmissionCore:
             q = s.queue
             while q and q[0][0] <= now:
                 _, enq, payload = q.popleft()
+                self.queued -= 1
                 s.dropped += 1
                 out.append((i, payload, now - enq))
         return out
@@ -188,5 +194,6 @@ class AdmissionCore:
         for idx, item in enumerate(q):
             if item[2] is payload:
                 del q[idx]
+                self.queued -= 1
                 return True
         return False

@@ -37,7 +37,7 @@ FEATURE_MAX = 1.0e6
 GLOBAL_FEATURES = ("gpu_mem_util", "engine_running", "engine_waiting")
 
 
-@dataclass
+@dataclass(slots=True)
 class TenantObservation:
     queue_depth: float = 0.0
     in_flight: float = 0.0
@@ -61,7 +61,7 @@ class TenantObservation:
 TENANT_FEATURES = tuple(f.name for f in fields(TenantObservation))
 
 
-@dataclass
+@dataclass(slots=True)
 class Observation:
     """What a controller sees at one decision point."""
 

@@ -7,59 +7,76 @@ waiting) come from different places (the simulated engine, or vLLM's /metrics an
 
 from __future__ import annotations
 
+import math
+from collections import deque
 from collections.abc import Sequence
 
 from admit.core.admission import AdmissionCore
 from admit.core.observation import NO_SLO, Observation, TenantObservation
 from admit.core.spec import ControlSpec
-from admit.core.windows import EventWindow, LatencyWindow, percentiles
-
-_QS = (50.0, 95.0, 99.0)
+from admit.core.windows import p50_p95_p99
 
 
 class TenantWindows:
-    """Sliding windows of one tenant's events over ``window_s`` seconds."""
+    """Sliding windows of one tenant's events over ``window_s`` seconds.
 
-    __slots__ = ("arrivals", "completions", "drops", "e2e", "rejections", "ttft", "wait")
+    Completions are kept as one deque of ``(t, e2e, ttft, wait)`` so that a decision prunes once and sorts
+    three short lists (and only when the window changed since the last decision); arrivals, drops and
+    rejections are deques of timestamps. ``slo`` = (e2e p99, TTFT p99) objectives, ``inf`` for none.
+    """
 
-    def __init__(self, window_s: float) -> None:
-        self.e2e = LatencyWindow(window_s)
-        self.ttft = LatencyWindow(window_s)
-        self.wait = LatencyWindow(window_s)
-        self.arrivals = EventWindow(window_s)
-        self.completions = EventWindow(window_s)
-        self.drops = EventWindow(window_s)
-        self.rejections = EventWindow(window_s)
+    __slots__ = ("_arrivals", "_cache", "_done", "_drops", "_rejections", "_slo", "horizon_s")
+
+    def __init__(self, window_s: float, slo: tuple[float, float] = (math.inf, math.inf)) -> None:
+        if not window_s > 0:
+            raise ValueError(f"window must be > 0 s, got {window_s}")
+        self.horizon_s = window_s
+        self._done: deque[tuple[float, float, float, float]] = deque()
+        self._cache: tuple[float, ...] | None = None  # percentiles of _done, None when _done changed
+        self._arrivals: deque[float] = deque()
+        self._drops: deque[float] = deque()
+        self._rejections: deque[float] = deque()
+        self._slo = tuple(NO_SLO if v == math.inf else float(v) for v in slo)
 
     def on_arrival(self, t: float) -> None:
-        self.arrivals.add(t)
+        self._arrivals.append(t)
 
     def on_completion(self, t: float, e2e_s: float, ttft_s: float, wait_s: float) -> None:
-        self.completions.add(t)
-        self.e2e.add(t, e2e_s)
-        self.ttft.add(t, ttft_s)
-        self.wait.add(t, wait_s)
+        self._done.append((t, e2e_s, ttft_s, wait_s))
+        self._cache = None
 
     def on_drop(self, t: float) -> None:
-        self.drops.add(t)
+        self._drops.append(t)
 
     def on_rejection(self, t: float) -> None:
-        self.rejections.add(t)
+        self._rejections.append(t)
 
-    def fill(self, obs: TenantObservation, now: float) -> None:
-        e2e = sorted(self.e2e.values(now))
-        obs.e2e_p50, obs.e2e_p95, obs.e2e_p99 = percentiles(e2e, _QS)
-        obs.ttft_p50, obs.ttft_p95, obs.ttft_p99 = percentiles(sorted(self.ttft.values(now)), _QS)
-        obs.queue_wait_p99 = percentiles(sorted(self.wait.values(now)), (99.0,))[0]
-        obs.samples = float(len(e2e))
-        obs.arrivals = float(self.arrivals.count(now))
-        obs.completions = float(self.completions.count(now))
-        obs.drops = float(self.drops.count(now))
-        obs.rejections = float(self.rejections.count(now))
-
-
-def _slo(v: float) -> float:
-    return NO_SLO if v == float("inf") else v
+    def summary(self, now: float) -> tuple[float, ...]:
+        """Window features in TenantObservation order, from ``arrivals`` to ``slo_ttft_p99``."""
+        cutoff = now - self.horizon_s
+        done = self._done
+        while done and done[0][0] <= cutoff:
+            done.popleft()
+            self._cache = None
+        counts = []
+        for q in (self._arrivals, self._drops, self._rejections):
+            while q and q[0] <= cutoff:
+                q.popleft()
+            counts.append(float(len(q)))
+        n = len(done)
+        pct = self._cache
+        if pct is None:  # windows change less often than decisions are made: compute only then
+            if n > 1:
+                _, e2e, ttft, wait = zip(*done, strict=True)
+                pct = (*p50_p95_p99(sorted(e2e)), *p50_p95_p99(sorted(ttft)), float(n), p50_p95_p99(sorted(wait))[2])
+            elif n == 1:
+                _, e, f, w = done[0]
+                pct = (e, e, e, f, f, f, 1.0, w)
+            else:
+                pct = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
+            pct = (*pct, *self._slo)
+            self._cache = pct
+        return (counts[0], float(n), counts[1], counts[2], *pct)
 
 
 def build_observation(
@@ -71,17 +88,15 @@ def build_observation(
     engine_running: float,
     engine_waiting: float,
 ) -> Observation:
-    tenants = []
-    for i, (w, ts) in enumerate(zip(windows, spec.tenants, strict=True)):
-        t = TenantObservation(
-            queue_depth=float(core.queue_depth(i)),
-            in_flight=float(core.in_flight(i)),
-            limit=float(core.limit(i)),
-            slo_e2e_p99=_slo(ts.slo_e2e_p99_s),
-            slo_ttft_p99=_slo(ts.slo_ttft_p99_s),
+    tenants = [
+        TenantObservation(
+            float(core.queue_depth(i)),
+            float(core.in_flight(i)),
+            float(core.limit(i)),
+            *w.summary(now),
         )
-        w.fill(t, now)
-        tenants.append(t)
+        for i, w in enumerate(windows)
+    ]
     return Observation(
         time_s=now,
         window_s=spec.window_s,

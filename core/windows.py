@@ -14,8 +14,8 @@ from collections.abc import Sequence
 def percentiles(sorted_values: Sequence[float], qs: Sequence[float]) -> list[float]:
     """Linear-interpolation percentiles (q in [0, 100]) of an already sorted sequence; [] gives 0.0s."""
     n = len(sorted_values)
-    if n == 0:
-        return [0.0] * len(qs)
+    if n <= 1:
+        return [float(sorted_values[0]) if n else 0.0] * len(qs)
     out = []
     for q in qs:
         pos = (n - 1) * q / 100.0
@@ -24,6 +24,23 @@ def percentiles(sorted_values: Sequence[float], qs: Sequence[float]) -> list[flo
         frac = pos - lo
         out.append(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
     return out
+
+
+def p50_p95_p99(v: Sequence[float]) -> tuple[float, float, float]:
+    """``percentiles(v, (50, 95, 99))`` for a sorted sequence, unrolled: it runs on every decision."""
+    n = len(v)
+    if n <= 1:
+        x = float(v[0]) if n else 0.0
+        return x, x, x
+    m = n - 1
+    out = []
+    for pos in (m * 0.5, m * 0.95, m * 0.99):
+        lo = int(pos)
+        if lo >= m:
+            out.append(v[m])
+        else:
+            out.append(v[lo] + (v[lo + 1] - v[lo]) * (pos - lo))
+    return out[0], out[1], out[2]
 
 
 class LatencyWindow:

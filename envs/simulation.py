@@ -83,7 +83,9 @@ class Simulation:
             [QueueConfig(lim.initial, scenario.max_queue(i), scenario.queue_timeout(i)) for i in range(n)],
             clock=self._clock,
         )
-        self.windows = [TenantWindows(scenario.window_s) for _ in range(n)]
+        self.windows = [
+            TenantWindows(scenario.window_s, (t.slo_e2e_p99_s, t.slo_ttft_p99_s)) for t in self.spec.tenants
+        ]
         self.totals = [TenantTotals() for _ in range(n)]
         self.interval_totals = [TenantTotals() for _ in range(n)]
         slo = [(t.slo_e2e_p99_s, t.slo_ttft_p99_s) for t in self.spec.tenants]
@@ -137,12 +139,16 @@ class Simulation:
         n = len(reqs)
         eng = self.engine
         core = self.core
+        next_event = eng.next_event_time
+        next_deadline = core.next_deadline
+        finish = self._finish
+        arrive = self._arrive
         inf = math.inf
+        i = self._next
+        ta = reqs[i].arrival if i < n else inf
         while True:
-            i = self._next
-            ta = reqs[i].arrival if i < n else inf
-            te = eng.next_event_time()
-            td = core.next_deadline()
+            te = next_event()
+            td = next_deadline()
             t = ta if ta < te else te
             if td < t:
                 t = td
@@ -153,14 +159,16 @@ class Simulation:
             self.now = t
             if te <= ta and te <= td:
                 for r in eng.process_event(t):
-                    self._finish(r, t)
+                    finish(r, t)
             elif td <= ta:
                 for tenant, r, _waited in core.expire():
                     self._drop(tenant, r, t)
             else:
                 r = reqs[i]
-                self._next = i + 1
-                self._arrive(r, t)
+                i += 1
+                self._next = i
+                ta = reqs[i].arrival if i < n else inf
+                arrive(r, t)
         self.now = until
 
     def _arrive(self, r: Request, t: float) -> None:
@@ -170,7 +178,8 @@ class Simulation:
         self.windows[k].on_arrival(t)
         res = self.core.offer(k, r)
         if res is Offer.ADMITTED:
-            self._dispatch(r)
+            r.dispatched = t
+            self.engine.submit(r, t)
         elif res is Offer.REJECTED:
             self.totals[k].rejected += 1
             self.interval_totals[k].rejected += 1

@@ -1,0 +1,35 @@
+# Two entry points for a fresh machine (see README.md): `make demo` runs the main job, `make test` the tests.
+# Both create .venv and install admit with its test extras on first use (and again when pyproject.toml changes).
+
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+.PHONY: demo test lint bench setup clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -e '.[dev]'
+	touch $(STAMP)
+
+setup: $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/admit evaluate --scenario seed-paper --policy static --policy naive --policy differentiated \
+		--seeds 20 --out results/seed-paper.json --plot results/seed-paper.png
+
+test: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/seed_paper_speed.py
+
+clean:
+	rm -rf $(VENV) results .pytest_cache .ruff_cache
