@@ -19,7 +19,6 @@ from collections import deque
 
 import numpy as np
 import simpy
-
 from admit.controllers.registry import make_controller
 from admit.core.observation import NO_SLO, Observation, TenantObservation
 from admit.envs.env import TenantAdmissionEnv
