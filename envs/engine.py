@@ -29,6 +29,9 @@ class Engine(Protocol):
     def process_event(self, now: float) -> list[Request]:
         """Handle the event due at ``now`` (== ``next_event_time()``); return the requests finished."""
 
+    def sync(self, now: float) -> None:
+        """Bring gauges and counters up to ``now`` (an engine may batch internal work between events)."""
+
     def memory_utilisation(self) -> float:
         """GPU-memory signal in [0, 1]: slot occupancy (slot engine) or KV-cache usage (token engine)."""
 

@@ -119,6 +119,7 @@ class Simulation:
 
     def observe(self) -> Observation:
         eng = self.engine
+        eng.sync(self.now)
         return build_observation(
             self.now, self.spec, self.windows, self.core, eng.memory_utilisation(), eng.num_running, eng.num_waiting
         )

@@ -65,6 +65,9 @@ class SlotEngine:
             self._start(self._waiting.popleft(), now)
         return [req]
 
+    def sync(self, now: float) -> None:
+        pass  # always up to date: every change is an event
+
     def memory_utilisation(self) -> float:
         return len(self._busy) / self.slots
 

@@ -13,6 +13,8 @@ Arrival processes (``kind``):
                   thinning (Lewis & Shedler, 1979).
 * ``gamma``     – renewal process with gamma gaps: mean 1/λ, shape = burstiness (1 = Poisson, < 1 burstier).
 * ``trace``     – replay of a CSV (timestamps, prompt and output tokens), e.g. the bundled Azure 2023 trace.
+* ``servegen``  – one client of the ServeGen production table: per-10-minute rate and fitted IAT law
+                  (envs/servegen.py).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
+from admit.envs.servegen import ServeGenArrivals
 from pydantic import BaseModel, ConfigDict, Field
 
 BUILTIN_TRACES = {
@@ -206,7 +209,9 @@ class Trace(_Model):
         return self.rows(horizon_s)[0]
 
 
-ArrivalSpec = Annotated[Poisson | Constant | Gamma | MMPP | Diurnal | Trace, Field(discriminator="kind")]
+ArrivalSpec = Annotated[
+    Poisson | Constant | Gamma | MMPP | Diurnal | Trace | ServeGenArrivals, Field(discriminator="kind")
+]
 
 
 # --------------------------------------------------------------------------- traces
