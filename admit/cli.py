@@ -6,6 +6,7 @@ from pathlib import Path
 
 import typer
 
+from admit.emulator.cli import emulate
 from admit.envs.fidelity import fidelity
 from admit.loadgen.cli import app as loadgen_app
 
@@ -17,6 +18,7 @@ app = typer.Typer(
 )
 app.add_typer(loadgen_app, name="loadgen")
 app.command()(fidelity)
+app.command()(emulate)
 
 
 def _fail(msg: str) -> None:

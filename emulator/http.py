@@ -1,0 +1,183 @@
+"""A small HTTP/1.1 server on asyncio protocols: keep-alive, pipelining, JSON answers and chunked streams.
+
+Why not an ASGI stack: at 500 streams the emulator writes one event per token, over ten thousand a
+second, and on a 2-core machine every microsecond per event counts. Here a request is parsed from the
+connection's buffer and handed to a synchronous handler; a streamed answer is plain ``transport.write``
+calls of pre-framed chunks, with no task, queue or ASGI message per event. docs/emulator.md has the
+measurement against Starlette on uvicorn.
+
+Limits: request heads up to 64 KiB (431 otherwise), bodies up to 16 MiB with a ``Content-Length``
+(413 otherwise; chunked request bodies get 501). A handler answers with :meth:`Connection.respond`, or
+with :meth:`Connection.start_stream`, any number of :meth:`Connection.write` and one
+:meth:`Connection.end_stream`; requests pipelined behind it wait until it is done. When the peer goes
+away, the connection's ``on_close`` callback (set by the handler of a streamed or pending answer) runs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, cast
+
+MAX_HEAD = 64 * 1024
+MAX_BODY = 16 * 1024 * 1024
+REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed", 411: "Length Required",
+           413: "Content Too Large", 431: "Request Header Fields Too Large", 500: "Internal Server Error",
+           501: "Not Implemented", 503: "Service Unavailable"}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class HttpRequest:
+    method: str
+    path: str
+    query: str
+    headers: dict[str, str]  # lower-case names
+    body: bytes
+
+
+class Handler(Protocol):
+    def handle(self, req: HttpRequest, conn: Connection) -> None: ...
+
+
+def _head(status: int, content_type: str, length: int | None, keep_alive: bool, extra: tuple[str, ...]) -> bytes:
+    lines = [f"HTTP/1.1 {status} {REASONS.get(status, 'Unknown')}", f"Content-Type: {content_type}"]
+    lines.append(f"Content-Length: {length}" if length is not None else "Transfer-Encoding: chunked")
+    if not keep_alive:
+        lines.append("Connection: close")
+    lines.extend(extra)
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
+
+
+class Connection(asyncio.Protocol):
+    """One client connection."""
+
+    def __init__(self, handler: Handler) -> None:
+        self.handler = handler
+        self.transport: asyncio.Transport | None = None
+        self.on_close: Callable[[], None] | None = None
+        self.closed = False
+        self._buf = b""
+        self._busy = False  # an answer is in progress
+        self._parsing = False
+        self._keep_alive = True
+
+    # ---------------------------------------------------------------- asyncio.Protocol
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        self.transport = cast(asyncio.Transport, transport)  # uvloop's transports do not subclass it
+        sock = transport.get_extra_info("socket")
+        if sock is not None and sock.family in (socket.AF_INET, socket.AF_INET6):
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # tokens are small writes: no Nagle delay
+
+    def data_received(self, data: bytes) -> None:
+        self._buf += data
+        if not self._busy:
+            self._parse()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self.closed = True
+        cb, self.on_close = self.on_close, None
+        if cb is not None:
+            cb()
+
+    # ---------------------------------------------------------------- answers
+    def respond(self, status: int, body: bytes, content_type: str = "application/json",
+                extra_headers: tuple[str, ...] = ()) -> None:  # fmt: skip
+        if not self.closed and self.transport is not None:
+            self.transport.write(_head(status, content_type, len(body), self._keep_alive, extra_headers) + body)
+        self._done()
+
+    def start_stream(self, status: int = 200, content_type: str = "text/event-stream",
+                     extra_headers: tuple[str, ...] = ("Cache-Control: no-cache",)) -> None:  # fmt: skip
+        self.write(_head(status, content_type, None, self._keep_alive, extra_headers))
+
+    def write(self, data: bytes) -> None:
+        if not self.closed and self.transport is not None:
+            self.transport.write(data)
+
+    def end_stream(self, data: bytes) -> None:
+        """Write the last bytes of a streamed answer (they must end the chunked body)."""
+        self.write(data)
+        self._done()
+
+    def _done(self) -> None:
+        self._busy = False
+        self.on_close = None
+        if not self._keep_alive:
+            if self.transport is not None:
+                self.transport.close()
+            return
+        if self._buf and not self._parsing and not self.closed:
+            self._parse()
+
+    def _fail(self, status: int, message: str) -> None:
+        """Answer a request that could not be parsed, then close the connection."""
+        self._keep_alive = False
+        self._buf = b""
+        err = {"message": message, "type": "BadRequestError", "param": None, "code": status}
+        self.respond(status, json.dumps({"error": err}).encode())
+
+    # ---------------------------------------------------------------- parsing
+    def _parse(self) -> None:
+        self._parsing = True
+        try:
+            while not self._busy and self._buf and not self.closed:
+                if not self._parse_one():
+                    return
+        finally:
+            self._parsing = False
+
+    def _parse_one(self) -> bool:
+        """Parse and dispatch one request; False when more bytes are needed (or the connection failed)."""
+        buf = self._buf
+        end = buf.find(b"\r\n\r\n")
+        if end < 0:
+            if len(buf) > MAX_HEAD:
+                self._fail(431, "request head too large")
+            return False
+        lines = buf[:end].decode("latin-1").split("\r\n")
+        parts = lines[0].split(" ")
+        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
+            self._fail(400, "malformed request line")
+            return False
+        method, target, version = parts
+        headers: dict[str, str] = {}
+        for line in lines[1:]:
+            name, sep, value = line.partition(":")
+            if not sep or not name or name != name.strip():
+                self._fail(400, "malformed header line")
+                return False
+            headers[name.lower()] = value.strip()
+        if "transfer-encoding" in headers:
+            self._fail(501, "chunked request bodies are not supported; send Content-Length")
+            return False
+        try:
+            length = int(headers.get("content-length", "0"))
+            if length < 0:
+                raise ValueError
+        except ValueError:
+            self._fail(400, "bad Content-Length")
+            return False
+        if length > MAX_BODY:
+            self._fail(413, "request body too large")
+            return False
+        start = end + 4
+        if len(buf) < start + length:
+            return False
+        body = buf[start : start + length]
+        self._buf = buf[start + length :]
+        conn_hdr = headers.get("connection", "").lower()
+        self._keep_alive = conn_hdr != "close" if version == "HTTP/1.1" else conn_hdr == "keep-alive"
+        path, _, query = target.partition("?")
+        self._busy = True
+        self.handler.handle(HttpRequest(method, path, query, headers, body), self)
+        return True
+
+
+async def serve(handler: Handler, host: str, port: int, backlog: int = 4096) -> asyncio.Server:
+    """Listen on ``host:port`` (port 0 = any free port) with ``handler`` answering every request."""
+    loop = asyncio.get_running_loop()
+    server = await loop.create_server(lambda: Connection(handler), host, port, backlog=backlog)
+    return server

@@ -1,0 +1,188 @@
+"""The emulator's HTTP surface: routes, readiness, fault injection, and the answers' sinks.
+
+Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/models``, ``GET /health``,
+``GET /metrics``, ``GET /version``, ``GET|POST /admin/faults``, ``GET /debug/requests`` (the engine
+model's per-request times, for benchmarks). A known path with the wrong method is a 405, any other path
+a 404, both as OpenAI-style JSON errors.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+
+import numpy as np
+from admit.emulator.clock import VirtualClock
+from admit.emulator.config import EmulatorConfig
+from admit.emulator.engine_loop import EngineLoop
+from admit.emulator.faults import FaultError, Faults
+from admit.emulator.http import Connection, HttpRequest
+from admit.emulator.metrics import VllmMetrics
+from admit.emulator.protocol import ApiError, GenParams, parse_generation, parse_json
+from admit.emulator.responses import AnswerFormat
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from admit import __version__
+
+_ROUTES = {
+    "/v1/completions": ("POST",),
+    "/v1/chat/completions": ("POST",),
+    "/v1/models": ("GET",),
+    "/health": ("GET",),
+    "/metrics": ("GET",),
+    "/version": ("GET",),
+    "/admin/faults": ("GET", "POST"),
+    "/debug/requests": ("GET",),
+}
+
+
+class StreamSink:
+    __slots__ = ("conn", "fmt")
+
+    def __init__(self, conn: Connection, fmt: AnswerFormat) -> None:
+        self.conn = conn
+        self.fmt = fmt
+
+    def on_tokens(self, first: int, n: int) -> None:
+        self.conn.write(self.fmt.token_events(first, n))
+
+    def on_finish(self, reason: str, completion_tokens: int) -> None:
+        self.conn.end_stream(self.fmt.final_events(reason, completion_tokens))
+
+
+class WholeSink(StreamSink):
+    __slots__ = ()
+
+    def on_tokens(self, first: int, n: int) -> None:
+        pass
+
+    def on_finish(self, reason: str, completion_tokens: int) -> None:
+        self.conn.respond(200, self.fmt.whole_body(reason, completion_tokens))
+
+
+class EmulatorApp:
+    """Answers HTTP requests; owns the engine loop, the metrics and the faults of one server."""
+
+    def __init__(self, config: EmulatorConfig) -> None:
+        self.config = config
+        # CLOCK_MONOTONIC at full resolution (uvloop's loop.time() has millisecond steps); on Linux the same
+        # clock in every process, so a client's timestamps compare directly with /debug/requests.
+        self.wall = time.monotonic
+        self.engine = config.build_engine()
+        self.model = config.served_model()
+        self.max_model_len = self.engine.max_model_len
+        self.clock = VirtualClock(self.wall)
+        self.faults = Faults()
+        self.rng = np.random.default_rng(config.seed)
+        e = self.engine
+        cache_info = {
+            "block_size": str(e.block_size),
+            "cache_dtype": "auto",
+            "enable_prefix_caching": "False",
+            "gpu_memory_utilization": str(e.preset.gpu_memory_utilization),
+            "num_cpu_blocks": "None",
+            "num_gpu_blocks": str(e.num_gpu_blocks),
+        }
+        self.metrics = VllmMetrics(self.model, self.max_model_len, cache_info)
+        self.loop = EngineLoop(e, self.clock, self.metrics, self.wall)
+        self._ready_at = self.wall()
+        self._apply({"latency_multiplier": config.latency_multiplier, "startup_delay_s": config.startup_delay_s})
+        self.created = int(time.time())
+
+    def start(self) -> None:
+        self.loop.start()
+
+    @property
+    def ready(self) -> bool:
+        return self.loop.alive and self.wall() >= self._ready_at
+
+    # ---------------------------------------------------------------- dispatch
+    def handle(self, req: HttpRequest, conn: Connection) -> None:
+        try:
+            methods = _ROUTES.get(req.path)
+            if methods is None:
+                raise ApiError(404, f"no route for {req.path}")
+            if req.method not in methods:
+                raise ApiError(405, f"{req.path} accepts {', '.join(methods)}, not {req.method}")
+            if req.path == "/v1/completions":
+                self._generate(req, conn, chat=False)
+            elif req.path == "/v1/chat/completions":
+                self._generate(req, conn, chat=True)
+            elif req.path == "/metrics":
+                self.loop.refresh_metrics()
+                conn.respond(200, self.metrics.render(), CONTENT_TYPE_LATEST)
+            elif req.path == "/health":
+                if not self.ready:
+                    raise ApiError(503, "not ready" if self.loop.alive else "the engine loop has stopped")
+                conn.respond(200, b"")
+            elif req.path == "/v1/models":
+                conn.respond(200, self._models())
+            elif req.path == "/version":
+                conn.respond(200, json.dumps({"version": f"admit-emulator {__version__}"}).encode())
+            elif req.path == "/admin/faults":
+                if req.method == "POST":
+                    try:
+                        self._apply(self.faults.validated_update(parse_json(req.body)))
+                    except FaultError as e:
+                        raise ApiError(400, str(e), e.param) from None
+                conn.respond(200, json.dumps(self.faults.as_dict()).encode())
+            else:
+                conn.respond(200, self._debug_requests())
+        except ApiError as e:
+            conn.respond(e.status, e.body())
+
+    # ---------------------------------------------------------------- generation
+    def _generate(self, req: HttpRequest, conn: Connection, chat: bool) -> None:
+        if not self.ready:
+            raise ApiError(503, "the server is starting up" if self.loop.alive else "the engine loop has stopped")
+        params = parse_generation(req.body, chat=chat, served_model=self.model, max_model_len=self.max_model_len)
+        f = self.faults
+        if f.error_rate > 0 and self.rng.random() < f.error_rate:
+            raise ApiError(f.error_status, f"injected fault: HTTP {f.error_status}")
+        out, reason = self._output_length(params)
+        rid = self.loop.next_id()
+        fmt = AnswerFormat(params, rid, int(time.time()))
+        sink = StreamSink(conn, fmt) if params.stream else WholeSink(conn, fmt)
+        try:
+            engine_req = self.loop.submit(rid, params.prompt_tokens, out, reason, params.max_tokens, sink)
+        except ValueError as e:
+            raise ApiError(400, str(e)) from None
+        if params.stream:
+            conn.start_stream()
+        conn.on_close = lambda: self.loop.abort(engine_req)
+
+    def _output_length(self, p: GenParams) -> tuple[int, str]:
+        if p.ignore_eos:
+            return p.max_tokens, "length"
+        c = self.config
+        draw = max(1, round(c.output_median * math.exp(c.output_sigma * self.rng.standard_normal())))
+        if draw >= p.max_tokens:
+            return p.max_tokens, "length"
+        return draw, "stop"
+
+    # ---------------------------------------------------------------- faults
+    def _apply(self, changes: dict[str, object]) -> None:
+        for k, v in changes.items():
+            setattr(self.faults, k, v)
+        f = self.faults
+        if "startup_delay_s" in changes:
+            self._ready_at = self.wall() + f.startup_delay_s
+        self.loop.refresh_metrics()  # settle the engine on the old clock rate first
+        self.clock.set_rate(0.0 if f.paused else 1.0 / f.latency_multiplier)
+        self.loop.poke(force=True)
+
+    # ---------------------------------------------------------------- bodies
+    def _models(self) -> bytes:
+        card = {"id": self.model, "object": "model", "created": self.created, "owned_by": "admit-emulator",
+                "root": self.model, "parent": None, "max_model_len": self.max_model_len}  # fmt: skip
+        return json.dumps({"object": "list", "data": [card]}).encode()
+
+    def _debug_requests(self) -> bytes:
+        fields = ("id", "prompt_tokens", "output_tokens", "preemptions", "arrival", "first_scheduled",
+                  "first_token", "finished")  # fmt: skip
+        rows = [[getattr(r, k) for k in fields] for r in self.loop.records]
+        late = sorted(self.loop.lateness)
+        q = {f"p{p}": late[min(len(late) - 1, len(late) * p // 100)] if late else 0.0 for p in (50, 90, 99)}
+        body = {"fields": fields, "rows": rows, "in_engine": self.loop.in_engine, "event_lateness_s": q}
+        return json.dumps(body).encode()
