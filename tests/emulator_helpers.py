@@ -1,0 +1,98 @@
+"""Start a real emulator process on a free loopback port and talk to it over HTTP (helpers for the tests)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import selectors
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import urlsplit
+
+from prometheus_client.parser import text_string_to_metric_families
+
+
+@dataclass
+class Emulator:
+    proc: subprocess.Popen[str]
+    url: str
+
+    @property
+    def host_port(self) -> tuple[str, int]:
+        parts = urlsplit(self.url)
+        assert parts.hostname is not None and parts.port is not None
+        return parts.hostname, parts.port
+
+    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, bytes]:
+        conn = http.client.HTTPConnection(*self.host_port, timeout=30)
+        try:
+            data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+        finally:
+            conn.close()
+
+    def json(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
+        status, data = self.request(method, path, body)
+        return status, json.loads(data) if data else None
+
+    def metrics(self) -> dict[str, list[Any]]:
+        """Samples by sample name (``vllm:foo_bucket`` etc.), parsed with prometheus_client's parser."""
+        status, text = self.request("GET", "/metrics")
+        assert status == 200
+        out: dict[str, list[Any]] = {}
+        for fam in text_string_to_metric_families(text.decode()):
+            for s in fam.samples:
+                out.setdefault(s.name, []).append(s)
+        return out
+
+    def value(self, name: str, **labels: str) -> float:
+        for s in self.metrics()[name]:
+            if all(s.labels.get(k) == v for k, v in labels.items()):
+                return s.value
+        raise KeyError((name, labels))
+
+    def wait_for(self, pred: Any, timeout: float = 10.0, what: str = "condition") -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if pred():
+                return
+            time.sleep(0.02)
+        raise AssertionError(f"timed out waiting for {what}")
+
+    def stop(self) -> None:
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+
+
+def start_emulator(*args: str, wait_ready: bool = True) -> Emulator:
+    """``python -m admit.emulator --port 0 ARGS``; returns once it listens (and, by default, is healthy)."""
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "admit.emulator", "--port", "0", *args], stdout=subprocess.PIPE, text=True
+    )
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + 30
+    url = None
+    while time.monotonic() < deadline and url is None:
+        if sel.select(timeout=0.1):
+            line = proc.stdout.readline()
+            if line.startswith("listening on "):
+                url = "http://" + line.split()[-1]
+        if proc.poll() is not None:
+            break
+    if url is None:
+        proc.kill()
+        raise RuntimeError("the emulator did not start")
+    emu = Emulator(proc, url)
+    if wait_ready:
+        emu.wait_for(lambda: emu.request("GET", "/health")[0] == 200, 20.0, "/health to answer 200")
+    return emu

@@ -1,0 +1,169 @@
+"""Bad requests get OpenAI-style 400s; a client that goes away frees its KV; injected faults take effect."""
+
+from __future__ import annotations
+
+import json
+import socket
+import time
+from collections.abc import Iterator
+
+import openai
+import pytest
+from emulator_helpers import Emulator, start_emulator
+
+MODEL = "m"
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[Emulator]:
+    e = start_emulator("--model", MODEL, "--max-model-len", "1024", "--num-gpu-blocks", "64", "--max-num-seqs", "1")
+    yield e
+    e.stop()
+
+
+@pytest.mark.parametrize(
+    ("path", "raw", "param", "needle"),
+    [
+        ("/v1/completions", b"{not json", None, "not valid JSON"),
+        ("/v1/completions", b"[1, 2]", None, "JSON object"),
+        ("/v1/completions", b'{"max_tokens": 5}', "prompt", "prompt"),
+        ("/v1/chat/completions", b'{"max_tokens": 5}', "messages", "messages"),
+        ("/v1/chat/completions", b'{"messages": []}', "messages", "non-empty"),
+        ("/v1/chat/completions", b'{"messages": [{"content": "x"}]}', "messages", "role"),
+        ("/v1/completions", b'{"prompt": "x", "max_tokens": "ten"}', "max_tokens", "integer"),
+        ("/v1/completions", b'{"prompt": "x", "max_tokens": 0}', "max_tokens", "at least 1"),
+        ("/v1/completions", b'{"prompt": "x", "max_tokens": 1023}', "max_tokens", "1024"),
+        ("/v1/completions", b'{"prompt": 7}', "prompt", "prompt"),
+        ("/v1/completions", b'{"prompt": "x", "stream": "yes"}', "stream", "boolean"),
+        ("/v1/completions", b'{"prompt": "x", "stream_options": {"include_usage": true}}', "stream_options", "stream"),
+        ("/v1/completions", b'{"prompt": "x", "n": 2}', "n", "n=1"),
+        ("/v1/completions", b'{"prompt": ["a", "b"]}', "prompt", "one prompt"),
+    ],
+)
+def test_bad_request_is_an_openai_400(emu: Emulator, path: str, raw: bytes, param: str | None, needle: str) -> None:
+    status, body = emu.request("POST", path, raw=raw)
+    assert status == 400
+    err = json.loads(body)["error"]
+    assert set(err) == {"message", "type", "param", "code"}
+    assert err["code"] == 400 and err["type"] == "BadRequestError" and err["param"] == param
+    assert needle in err["message"]
+
+
+def test_unknown_route_and_wrong_method(emu: Emulator) -> None:
+    status, body = emu.json("GET", "/v1/nothing")
+    assert status == 404 and body["error"]["code"] == 404
+    status, body = emu.json("GET", "/v1/completions")
+    assert status == 405 and "POST" in body["error"]["message"]
+
+
+def _open_stream(emu: Emulator, max_tokens: int) -> socket.socket:
+    s = socket.create_connection(emu.host_port, timeout=10)
+    body = json.dumps({"model": MODEL, "prompt": "hello " * 30, "max_tokens": max_tokens, "ignore_eos": True,
+                       "stream": True}).encode()  # fmt: skip
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
+    return s
+
+
+def _read_until(s: socket.socket, needle: bytes) -> bytes:
+    data = b""
+    while needle not in data:
+        chunk = s.recv(65536)
+        assert chunk, "connection closed early"
+        data += chunk
+    return data
+
+
+def test_disconnect_aborts_and_frees_the_slot(emu: Emulator) -> None:
+    aborts = emu.value("vllm:request_success_total", finished_reason="abort")
+    s = _open_stream(emu, 900)  # about 5 s of tokens on the H200 preset
+    _read_until(s, b'"text":"')  # the first token arrived
+    assert emu.value("vllm:num_requests_running") == 1
+    assert emu.value("vllm:kv_cache_usage_perc") > 0
+    s.close()
+    emu.wait_for(lambda: emu.value("vllm:num_requests_running") == 0, what="the aborted request to leave")
+    assert emu.value("vllm:kv_cache_usage_perc") == 0
+    assert emu.value("vllm:request_success_total", finished_reason="abort") == aborts + 1
+    # max_num_seqs is 1: the freed slot serves the next request at once
+    status, body = emu.json("POST", "/v1/completions", {"prompt": "x", "max_tokens": 3, "ignore_eos": True})
+    assert status == 200 and body["usage"]["completion_tokens"] == 3
+
+
+def test_error_rate_fault(emu: Emulator) -> None:
+    client = openai.OpenAI(base_url=emu.url + "/v1", api_key="x", max_retries=0)
+    try:
+        assert emu.json("POST", "/admin/faults", {"error_rate": 1.0, "error_status": 500})[0] == 200
+        with pytest.raises(openai.InternalServerError):
+            client.completions.create(model=MODEL, prompt="x", max_tokens=2)
+        emu.json("POST", "/admin/faults", {"error_status": 503})
+        status, body = emu.json("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})
+        assert status == 503 and body["error"]["code"] == 503
+    finally:
+        emu.json("POST", "/admin/faults", {"error_rate": 0.0})
+    assert client.completions.create(model=MODEL, prompt="x", max_tokens=2).usage.completion_tokens >= 1
+
+
+def test_fault_settings_are_validated(emu: Emulator) -> None:
+    for body, param in (({"latency": 2}, "latency"), ({"latency_multiplier": 0}, "latency_multiplier"),
+                        ({"error_rate": 1.5}, "error_rate"), ({"error_status": 404}, "error_status"),
+                        ({"paused": "yes"}, "paused")):  # fmt: skip
+        status, err = emu.json("POST", "/admin/faults", body)
+        assert status == 400 and err["error"]["param"] == param, body
+    _, faults = emu.json("GET", "/admin/faults")
+    assert faults == {"latency_multiplier": 1.0, "error_rate": 0.0, "error_status": 503, "paused": False,
+                      "startup_delay_s": 0.0}  # fmt: skip
+
+
+def _model_tpot(emu: Emulator, output: int) -> float:
+    status, body = emu.json("POST", "/v1/completions", {"prompt": "hello " * 50, "max_tokens": output,
+                                                        "ignore_eos": True})  # fmt: skip
+    assert status == 200
+    _, dbg = emu.json("GET", "/debug/requests")
+    row = dict(zip(dbg["fields"], dbg["rows"][-1], strict=True))
+    return (row["finished"] - row["first_token"]) / (row["output_tokens"] - 1)
+
+
+def test_latency_multiplier_scales_step_times(emu: Emulator) -> None:
+    base = _model_tpot(emu, 20)
+    try:
+        emu.json("POST", "/admin/faults", {"latency_multiplier": 3.0})
+        t0 = time.monotonic()
+        slow = _model_tpot(emu, 20)
+        wall = time.monotonic() - t0
+    finally:
+        emu.json("POST", "/admin/faults", {"latency_multiplier": 1.0})
+    assert slow / base == pytest.approx(3.0, rel=1e-6)  # the same steps, each 3x longer on the wall clock
+    assert wall >= 19 * slow  # and the client really waited for them
+
+
+def test_pause_stops_tokens_and_resume_finishes(emu: Emulator) -> None:
+    s = _open_stream(emu, 40)
+    try:
+        _read_until(s, b'"text":"')
+        emu.json("POST", "/admin/faults", {"paused": True})
+        gen = emu.value("vllm:generation_tokens_total")
+        s.settimeout(0.3)
+        with pytest.raises(TimeoutError):  # nothing may arrive while paused (an absence, so a bounded wait)
+            while True:
+                s.recv(65536)
+        assert emu.value("vllm:generation_tokens_total") == gen
+        emu.json("POST", "/admin/faults", {"paused": False})
+        s.settimeout(10)
+        _read_until(s, b"data: [DONE]")
+    finally:
+        emu.json("POST", "/admin/faults", {"paused": False})
+        s.close()
+
+
+def test_slow_startup_reports_not_ready() -> None:
+    e = start_emulator("--startup-delay", "1.0", wait_ready=False)
+    try:
+        status, body = e.json("GET", "/health")
+        assert status == 503
+        assert e.json("POST", "/v1/completions", {"prompt": "x"})[0] == 503
+        e.wait_for(lambda: e.request("GET", "/health")[0] == 200, 10.0, "start-up to finish")
+        e.json("POST", "/admin/faults", {"startup_delay_s": 30})
+        assert e.request("GET", "/health")[0] == 503
+        e.json("POST", "/admin/faults", {"startup_delay_s": 0})
+        assert e.request("GET", "/health")[0] == 200
+    finally:
+        e.stop()
