@@ -2,9 +2,12 @@
 
 One :class:`Connection` carries one request at a time. Every ``data_received`` call is stamped with
 ``time.monotonic_ns()`` before any parsing, so a token's time is when its bytes reached the process.
-The parser understands ``Content-Length``, chunked transfer coding and read-until-close bodies; SSE
-events are split on a blank line (``\\n\\n``) and only events that mention ``usage`` are JSON-decoded,
-which keeps the per-token cost to a few byte searches.
+The parser understands ``Content-Length``, chunked transfer coding and read-until-close bodies. The body
+bytes of one read are de-chunked in one pass and scanned once: SSE events are split on a blank line
+(``\\n\\n``); runs of plain one-line ``data: {…}`` events are only counted with byte searches, and only
+events that may be special (usage, error, empty delta, ``[DONE]``) are looked at one by one. The usage
+event's two counts are read with a pattern, falling back to a JSON decode when it does not match. The
+attempt keeps, per read that carried tokens, its arrival time (``times``) and token count (``counts``).
 
 An :class:`Attempt` is one try at one scheduled request. When its response ends (or fails), the
 connection calls ``owner.on_attempt_done(connection, attempt, now_ns, reason)`` where ``reason`` is
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 from time import monotonic_ns
 from typing import Protocol
 
@@ -34,6 +38,51 @@ REASONS = {
 
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE = range(7)
 _MAX_ERROR_BODY = 4096
+# byte strings that may make an SSE event something other than a plain content token: such events are
+# parsed one by one, the rest of a read is only counted
+_MARKERS = (b'"usage"', b'"error"', b'"content":""', b'"text":""', b'"content":null', b"[DONE]", b"\n\n\n")
+
+
+# parsed response heads: a server sends the same few heads again and again (its Date header changes
+# once a second), so each distinct head is parsed once
+_HEADS: dict[bytes, tuple[int, int, bool, bool, bool, float | None]] = {}
+_HEADS_MAX = 256
+# a flat usage object whose counts are plain integers, completion before or after prompt tokens
+_USAGE = re.compile(
+    rb'"usage": ?\{(?=[^{}]*"completion_tokens": ?(\d+)[,}])(?=[^{}]*"prompt_tokens": ?(\d+)[,}])[^{}]*\}'
+)
+
+
+def _parse_head(head: bytes) -> tuple[int, int, bool, bool, bool, float | None]:
+    """``(status, content_length or -1, chunked, connection_close, event_stream, retry_after)``."""
+    lines = head.split(b"\r\n")
+    status_line = lines[0]
+    if not status_line.startswith(b"HTTP/1."):
+        raise ValueError("not an HTTP/1.x status line")
+    status = int(status_line[9:12])
+    length = -1
+    chunked = close = is_stream = False
+    retry_after: float | None = None
+    for line in lines[1:]:
+        name, _, value = line.partition(b":")
+        name = name.strip().lower()
+        if name == b"content-length":
+            length = int(value)
+        elif name == b"transfer-encoding":
+            chunked = b"chunked" in value.lower()
+        elif name == b"connection":
+            if b"close" in value.lower():
+                close = True
+        elif name == b"content-type":
+            is_stream = b"text/event-stream" in value.lower()
+        elif name == b"retry-after":
+            try:
+                retry_after = float(value.strip())
+            except ValueError:
+                retry_after = 1.0  # an HTTP date: back off one second
+    if status_line.startswith(b"HTTP/1.0"):
+        close = True
+    return status, length, chunked, close, is_stream, retry_after
 
 
 class Owner(Protocol):
@@ -47,6 +96,7 @@ class Attempt:
 
     __slots__ = (
         "attempt",
+        "counts",
         "done",
         "index",
         "malformed",
@@ -72,6 +122,7 @@ class Attempt:
         self.send = 0
         self.status = 0
         self.times: list[int] = []
+        self.counts: list[int] = []
         self.done = False
         self.malformed = False
         self.stream_error = False
@@ -156,28 +207,51 @@ class Connection(asyncio.Protocol):
 
     # -- parsing ----------------------------------------------------------------------------------
     def _parse(self, now: int) -> None:
-        """Advance the state machine over ``self.buf`` with an index; the buffer is cut once at the end."""
+        """Advance the state machine over ``self.buf`` with an index; the buffer is cut once at the end.
+
+        The body bytes of one read are collected and handed to the SSE scanner once (all stamped
+        ``now``); runs of complete chunks are de-chunked in one tight loop.
+        """
         buf = self.buf
         pos = 0
         n = len(buf)
+        body: list[bytes] = []
         try:
             while self.cur is not None and pos < n:
                 st = self.state
                 if st == _CHUNK_SIZE:
-                    end = buf.find(b"\r\n", pos)
-                    if end < 0:
+                    find = buf.find
+                    startswith = buf.startswith
+                    while True:
+                        end = find(b"\r\n", pos)
+                        if end < 0:
+                            break
+                        try:
+                            size = int(buf[pos:end], 16)
+                        except ValueError:  # a chunk extension (";name=value") or garbage
+                            size = int(buf[pos:end].split(b";", 1)[0], 16)
+                        if size <= 0:
+                            if size < 0:
+                                raise ValueError("negative chunk size")
+                            pos = end + 2
+                            self.state = _TRAILER
+                            break
+                        stop = end + 2 + size
+                        if stop + 2 > n:  # the chunk continues in a later read
+                            pos = end + 2
+                            self.left = size
+                            self.state = _CHUNK_DATA
+                            break
+                        if not startswith(b"\r\n", stop):
+                            raise ValueError("chunk not followed by CRLF")
+                        body.append(buf[end + 2 : stop])
+                        pos = stop + 2
+                    if self.state == _CHUNK_SIZE:
                         break
-                    size = int(buf[pos:end].split(b";", 1)[0], 16)
-                    pos = end + 2
-                    if size == 0:
-                        self.state = _TRAILER
-                    else:
-                        self.left = size
-                        self.state = _CHUNK_DATA
                 elif st == _CHUNK_DATA:
                     stop = min(n, pos + self.left)
                     self.left -= stop - pos
-                    self._feed_body(buf[pos:stop], now)
+                    body.append(buf[pos:stop])
                     pos = stop
                     if self.left == 0:
                         self.state = _CHUNK_CRLF
@@ -205,51 +279,42 @@ class Connection(asyncio.Protocol):
                     pos = end + 2
                     if trailer_empty:
                         self.buf = buf[pos:]
+                        if body:
+                            self._feed_body(b"".join(body), now)
                         self._finish(now)
                         return
                 elif st == _LENGTH:
                     stop = min(n, pos + self.left)
                     self.left -= stop - pos
-                    self._feed_body(buf[pos:stop], now)
+                    body.append(buf[pos:stop])
                     pos = stop
                     if self.left == 0:
                         self.buf = buf[pos:]
+                        self._feed_body(b"".join(body), now)
                         self._finish(now)
                         return
                 else:  # _UNTIL_CLOSE
-                    self._feed_body(buf[pos:], now)
+                    body.append(buf[pos:])
                     pos = n
+            if body:
+                self._feed_body(body[0] if len(body) == 1 else b"".join(body), now)
         finally:
             if self.cur is not None or self.state != _HEAD:
                 self.buf = buf[pos:]
 
     def _head(self, head: bytes) -> None:
-        lines = head.split(b"\r\n")
-        status_line = lines[0]
-        if not status_line.startswith(b"HTTP/1."):
-            raise ValueError("not an HTTP/1.x status line")
+        parsed = _HEADS.get(head)
+        if parsed is None:
+            parsed = _parse_head(head)
+            if len(_HEADS) >= _HEADS_MAX:
+                _HEADS.clear()
+            _HEADS[head] = parsed
+        status, length, chunked, close, is_stream, retry_after = parsed
         a = self.cur
-        a.status = status = int(status_line[9:12])  # type: ignore[union-attr]
-        length = -1
-        chunked = False
-        for line in lines[1:]:
-            name, _, value = line.partition(b":")
-            name = name.strip().lower()
-            if name == b"content-length":
-                length = int(value)
-            elif name == b"transfer-encoding":
-                chunked = b"chunked" in value.lower()
-            elif name == b"connection":
-                if b"close" in value.lower():
-                    self.keep_alive = False
-            elif name == b"content-type":
-                self.is_stream = b"text/event-stream" in value.lower()
-            elif name == b"retry-after":
-                try:
-                    a.retry_after = float(value.strip())  # type: ignore[union-attr]
-                except ValueError:
-                    a.retry_after = 1.0  # an HTTP date: back off one second  # type: ignore[union-attr]
-        if status_line.startswith(b"HTTP/1.0"):
+        a.status = status  # type: ignore[union-attr]
+        a.retry_after = retry_after  # type: ignore[union-attr]
+        self.is_stream = is_stream
+        if close:
             self.keep_alive = False
         if chunked:
             self.state = _CHUNK_SIZE
@@ -265,6 +330,7 @@ class Connection(asyncio.Protocol):
             self.state = _UNTIL_CLOSE
 
     def _feed_body(self, piece: bytes, now: int) -> None:
+        """Scan body bytes for complete SSE events; the read's token events are stamped ``now`` together."""
         a = self.cur
         if a is None:
             return
@@ -272,20 +338,68 @@ class Connection(asyncio.Protocol):
             if len(self.body) < _MAX_ERROR_BODY:
                 self.body += piece[: _MAX_ERROR_BODY - len(self.body)]
             return
-        if b"\r" in piece:  # some servers end SSE lines with CRLF
-            piece = piece.replace(b"\r\n", b"\n")
         sse = self.sse + piece if self.sse else piece
-        start = 0
+        if b"\r" in sse:  # some servers end SSE lines with CRLF (a CR may end the previous read)
+            sse = sse.replace(b"\r\n", b"\n")
+        cut = sse.rfind(b"\n\n")
+        if cut < 0:
+            self.sse = sse
+            return
+        self.sse = sse[cut + 2 :]
+        k = self._events(a, sse[:cut])
+        if k:
+            a.times.append(now)
+            a.counts.append(k)
+
+    @classmethod
+    def _events(cls, a: Attempt, block: bytes) -> int:
+        """Token events among the ``\\n\\n``-separated events of ``block``.
+
+        Events that may be special (usage, errors, empty deltas, ``[DONE]``, odd blank lines) go one by
+        one through :meth:`_event`; the stretches between them are counted with a few byte searches.
+        """
+        tokens = 0
         while True:
-            end = sse.find(b"\n\n", start)
-            if end < 0:
-                break
-            self._event(a, sse[start:end], now)
-            start = end + 2
-        self.sse = sse[start:]
+            i = -1
+            for marker in _MARKERS:
+                j = block.find(marker)
+                if j >= 0 and (i < 0 or j < i):
+                    i = j
+            if i < 0:
+                return tokens + cls._plain_events(a, block)
+            s = block.rfind(b"\n\n", 0, i)
+            if s >= 0:
+                tokens += cls._plain_events(a, block[:s])
+                s += 2
+            else:
+                s = 0
+            e = block.find(b"\n\n", i)
+            if e < 0:
+                return tokens + cls._event(a, block[s:])
+            tokens += cls._event(a, block[s:e])
+            block = block[e + 2 :]
+
+    @classmethod
+    def _plain_events(cls, a: Attempt, block: bytes) -> int:
+        """Count events that are all one-line ``data: {…}``; anything else is parsed event by event."""
+        k = block.count(b"\n\n") + 1
+        if (
+            block.count(b"\n") == 2 * (k - 1)
+            and block.endswith(b"}") + block.count(b"}\n\n") == k
+            and (
+                block.startswith(b"data: {")
+                + block.count(b"\n\ndata: {")
+                + block.startswith(b"data:{")
+                + block.count(b"\n\ndata:{")
+            )
+            == k
+        ):
+            return k
+        return sum(cls._event(a, ev) for ev in block.split(b"\n\n"))
 
     @staticmethod
-    def _event(a: Attempt, ev: bytes, now: int) -> None:
+    def _event(a: Attempt, ev: bytes) -> int:
+        """Parse one SSE event fully; 1 if it carries a content token, else 0."""
         if ev.startswith(b"data:"):
             p = ev[5:].strip()
         else:
@@ -296,32 +410,40 @@ class Connection(asyncio.Protocol):
                 )
                 if not ok:
                     a.malformed = True
-                return
+                return 0
             p = b"\n".join(data)
         if p == b"[DONE]":
             a.done = True
-            return
+            return 0
         if p[:1] != b"{" or p[-1:] != b"}":
             a.malformed = True
-            return
+            return 0
         if p.startswith(b'{"error"') or b'"object":"error"' in p:
             a.stream_error = True
-            return
+            return 0
         if b'"usage":{' in p or b'"usage": {' in p:
-            try:
-                obj = json.loads(p)
-            except ValueError:
-                a.malformed = True
-                return
-            usage = obj.get("usage")
-            if isinstance(usage, dict):
-                a.output_tokens = int(usage.get("completion_tokens") or 0)
-                a.prompt_tokens = int(usage.get("prompt_tokens") or 0)
-            if not obj.get("choices"):
-                return
+            m = _USAGE.search(p)
+            if m is not None and p.count(b'"usage"') == 1 and p.count(b'"choices"') == 1:
+                # the usual final event: read the two counts without decoding the JSON
+                a.output_tokens = int(m.group(1))
+                a.prompt_tokens = int(m.group(2))
+                has_choices = b'"choices":[]' not in p and b'"choices": []' not in p
+            else:
+                try:
+                    obj = json.loads(p)
+                except ValueError:
+                    a.malformed = True
+                    return 0
+                usage = obj.get("usage")
+                if isinstance(usage, dict):
+                    a.output_tokens = int(usage.get("completion_tokens") or 0)
+                    a.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                has_choices = bool(obj.get("choices"))
+            if not has_choices:
+                return 0
         if b'"content":""' in p or b'"text":""' in p or b'"content":null' in p:
-            return  # a role-only or finish-only event carries no token
-        a.times.append(now)
+            return 0  # a role-only or finish-only event carries no token
+        return 1
 
     def _finish(self, now: int) -> None:
         a = self.cur

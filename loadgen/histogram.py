@@ -57,7 +57,11 @@ class Histogram:
         v = int(value)
         if v < 0:
             v = 0
-        idx = v if v < _EXACT else (v.bit_length() - SIG_BITS) * _HALF + (v >> (v.bit_length() - SIG_BITS))
+        if v < _EXACT:
+            idx = v
+        else:
+            e = v.bit_length() - SIG_BITS
+            idx = e * _HALF + (v >> e)
         counts = self.counts
         counts[idx] = counts.get(idx, 0) + 1
         if self.count == 0:
@@ -68,6 +72,23 @@ class Histogram:
             self.max = v
         self.count += 1
         self.total += v
+
+    def record_n(self, value: int, n: int) -> None:
+        """Add ``n`` samples of the same ``value`` at once (``n >= 1``)."""
+        v = int(value)
+        if v < 0:
+            v = 0
+        idx = v if v < _EXACT else (v.bit_length() - SIG_BITS) * _HALF + (v >> (v.bit_length() - SIG_BITS))
+        counts = self.counts
+        counts[idx] = counts.get(idx, 0) + n
+        if self.count == 0:
+            self.min = self.max = v
+        elif v < self.min:
+            self.min = v
+        elif v > self.max:
+            self.max = v
+        self.count += n
+        self.total += v * n
 
     def merge(self, other: Histogram) -> Histogram:
         """Add ``other``'s samples into this histogram (in place) and return self."""

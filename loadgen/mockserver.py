@@ -1,7 +1,7 @@
 """A small, fast OpenAI-compatible streaming server with known delays, for tests and benchmarks.
 
 It answers ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed or not),
-``GET /v1/models`` and ``GET /stats``. A streamed answer sends its first token ``ttft_ms`` after the
+``GET /v1/models``, ``GET /health`` and ``GET /stats``. A streamed answer sends its first token ``ttft_ms`` after the
 request arrived and every further token ``itl_ms`` after the previous one, then a ``usage`` event when
 ``stream_options.include_usage`` is set, then ``data: [DONE]``. The number of tokens is ``max_tokens``.
 
@@ -101,6 +101,9 @@ class ServerProtocol(asyncio.Protocol):
         if method == b"GET":
             if path.startswith(b"/v1/models"):
                 payload = {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "admit"}]}
+            elif path.startswith(b"/health"):  # vLLM's liveness route (guidellm checks it before a run)
+                self._write(_response(b"200 OK", b""))
+                return
             elif path.startswith(b"/stats"):
                 payload = {"requests": self.stats.requests, "streams_done": self.stats.streams_done}
             else:
