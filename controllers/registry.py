@@ -56,3 +56,12 @@ def make_controller(text: str) -> Controller:
     if factory is None:
         raise ValueError(f"unknown policy {text!r}; available: {', '.join(available())} (some take ':ARG')")
     return factory(arg or None)
+
+
+def _llm(arg: str | None) -> Controller:
+    from admit.agents.llm_policy import make_llm_policy  # imported on use: it needs the openai client
+
+    return make_llm_policy(arg)
+
+
+register_prefix("llm", _llm)
