@@ -178,7 +178,9 @@ class EngineLoop:
         later = self._later
         while t <= now:
             w = self._step_wall = self.clock.to_wall(t)
-            self.lateness.append(self.wall() - w)
+            late = self.wall() - w
+            self.lateness.append(late)
+            self.metrics.observe_lateness(late)
             finished = e.process_event(t)
             for live, first, n in later:
                 live.sink.on_tokens(first, n)

@@ -15,6 +15,10 @@ counters ``vllm:num_preemptions``, ``vllm:prompt_tokens``, ``vllm:generation_tok
 ``vllm:request_max_num_generation_tokens``, ``vllm:request_params_max_tokens``, ``vllm:request_params_n``;
 ``vllm:cache_config_info``.
 
+One series of the emulator's own, under the project's prefix: ``admit_emulator_event_lateness_seconds``,
+how late (wall seconds) the engine loop processed each engine event. While it stays at a few
+milliseconds the streamed timings follow the model; seconds mean the process is short of CPU.
+
 Aborted requests (client gone) count in ``request_success{finished_reason="abort"}`` but enter no
 histogram, so every per-request histogram's count equals the ``stop`` + ``length`` successes.
 """
@@ -38,6 +42,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 
 FINISHED_REASONS = ("stop", "length", "abort")
+LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0)
 
 
 class EngineGauges(Protocol):
@@ -112,6 +117,7 @@ class VllmMetrics:
         self.hists["params_max_tokens"] = Hist(tok)
         self.hists["params_n"] = Hist(N_BUCKETS)
         self.success = dict.fromkeys(FINISHED_REASONS, 0)
+        self.lateness = Hist(LATENESS_BUCKETS)
         self.engine: EngineGauges = EngineSnapshot()
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self)  # type: ignore[arg-type]
@@ -135,6 +141,9 @@ class VllmMetrics:
         h["max_num_generation_tokens"].observe(t.generation_tokens)
         h["params_max_tokens"].observe(t.max_tokens)
         h["params_n"].observe(1)
+
+    def observe_lateness(self, seconds: float) -> None:
+        self.lateness.observe(seconds)
 
     def observe_abort(self) -> None:
         self.success["abort"] += 1
@@ -182,6 +191,8 @@ class VllmMetrics:
             ("params_n", "vllm:request_params_n", "The n request parameter."),
         ):  # fmt: skip
             yield self._hist_family(name, doc, self.hists[key])
+        doc = "How late the emulator's engine loop processed each engine event."
+        yield self._hist_family("admit_emulator_event_lateness_seconds", doc, self.lateness)
         keys = [*self.cache_info, "engine"]
         g = GaugeMetricFamily("vllm:cache_config_info", "Cache settings of the engine (always 1).", labels=keys)
         g.add_metric([*self.cache_info.values(), self.engine_label], 1.0)

@@ -136,19 +136,24 @@ def test_latency_multiplier_scales_step_times(emu: Emulator) -> None:
 
 
 def test_pause_stops_tokens_and_resume_finishes(emu: Emulator) -> None:
-    s = _open_stream(emu, 40)
+    s = _open_stream(emu, 200)  # about 1 s of tokens
     try:
-        _read_until(s, b'"text":"')
+        got = _read_until(s, b'"text":"')
         emu.json("POST", "/admin/faults", {"paused": True})
         gen = emu.value("vllm:generation_tokens_total")
         s.settimeout(0.3)
-        with pytest.raises(TimeoutError):  # nothing may arrive while paused (an absence, so a bounded wait)
+        with pytest.raises(TimeoutError):  # drain what was sent before the pause; then nothing may arrive
             while True:
-                s.recv(65536)
+                got += s.recv(65536)
+        assert b"[DONE]" not in got
         assert emu.value("vllm:generation_tokens_total") == gen
         emu.json("POST", "/admin/faults", {"paused": False})
         s.settimeout(10)
-        _read_until(s, b"data: [DONE]")
+        while b"data: [DONE]" not in got:
+            chunk = s.recv(65536)
+            assert chunk
+            got += chunk
+        assert got.count(b'"text":" ') == 200
     finally:
         emu.json("POST", "/admin/faults", {"paused": False})
         s.close()

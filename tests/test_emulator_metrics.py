@@ -63,6 +63,7 @@ def test_names_labels_and_buckets_are_vllm_v1s(emu: Emulator) -> None:
               "vllm:request_inference_time_seconds"):  # fmt: skip
         assert _buckets(m, h) == REQ_LAT
     assert _buckets(m, "vllm:iteration_tokens_total") == ITER
+    assert m["admit_emulator_event_lateness_seconds_count"][0].value >= 1  # the project's own series
     assert _buckets(m, "vllm:request_prompt_tokens") == [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000]
     (info,) = m["vllm:cache_config_info"]
     assert info.value == 1 and info.labels["engine"] == "0" and info.labels["block_size"] == "16"
@@ -147,9 +148,17 @@ def tiny() -> Iterator[Emulator]:
 
 
 def _pair(emu: Emulator, output: int) -> float:
+    """Two identical requests admitted together (the engine is paused until both arrived)."""
     before = emu.value("vllm:num_preemptions_total")
-    with ThreadPoolExecutor(2) as pool:
-        bodies = list(pool.map(lambda _: complete(emu, 19, output), range(2)))
+    emu.json("POST", "/admin/faults", {"paused": True})
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            futs = [pool.submit(complete, emu, 19, output) for _ in range(2)]
+            emu.wait_for(lambda: emu.json("GET", "/debug/requests")[1]["in_engine"] == 2, what="both requests")
+            emu.json("POST", "/admin/faults", {"paused": False})
+            bodies = [f.result() for f in futs]
+    finally:
+        emu.json("POST", "/admin/faults", {"paused": False})
     assert all(b["usage"] == {"prompt_tokens": 20, "completion_tokens": output, "total_tokens": 20 + output}
                for b in bodies)  # fmt: skip
     return emu.value("vllm:num_preemptions_total") - before
