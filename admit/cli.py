@@ -8,6 +8,7 @@ import typer
 
 from admit.emulator.cli import emulate
 from admit.envs.fidelity import fidelity
+from admit.gateway.cli import gateway
 from admit.loadgen.cli import app as loadgen_app
 
 app = typer.Typer(
@@ -18,6 +19,7 @@ app = typer.Typer(
 )
 app.add_typer(loadgen_app, name="loadgen")
 app.command()(fidelity)
+app.command()(gateway)
 app.command()(emulate)
 
 

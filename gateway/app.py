@@ -1,0 +1,385 @@
+"""The gateway as a raw ASGI app: tenant identity, admission, rate envelopes and the proxy to the backend.
+
+Routes: ``POST /v1/completions`` and ``POST /v1/chat/completions`` (admitted, streamed through chunk by
+chunk), ``GET /v1/models`` (authenticated, not admitted), ``GET /health``, ``GET /metrics`` and the admin
+API under ``/admin/`` (see `admin.py`).
+
+A completion request goes: identify the tenant (401) → read the body within ``max_body_bytes`` (413) →
+validate it (400) → charge the rate envelopes (429 ``envelope-empty``) → take a concurrency lease, maybe
+after waiting in the tenant's queue (429 ``queue-full`` / ``ttl-expired``) → forward (503 ``no-backend``
+when nothing answers) → stream the answer back. A task watches the client connection meanwhile; if the
+client goes away the request task is cancelled, which gives the lease back (or leaves the queue) and closes
+the upstream connection, so the backend stops working for nobody. Every request ends with one request-log
+line and one count in ``admit_gateway_requests_total``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import aiohttp
+from admit.gateway.admin import AdminApi
+from admit.gateway.admission import ENVELOPE_EMPTY, AdmissionBackend, Deferred
+from admit.gateway.asgi import HttpError, Receive, Scope, Send, bearer, header, read_body, send_error, send_json
+from admit.gateway.body import BadBody, RequestInfo, parse_request
+from admit.gateway.config import GatewayConfig
+from admit.gateway.envelopes import Charge, Deferral, EnvelopeBook
+from admit.gateway.jsonl import JsonlWriter
+from admit.gateway.local_admission import LocalAdmission
+from admit.gateway.metrics import GatewayMetrics
+from admit.gateway.upstream import BackendTimeout, NoBackend, Upstream
+
+log = logging.getLogger("admit.gateway")
+
+STEP_HEADER = b"x-admit-step-id"
+_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"server", b"date"})
+_COMPLETIONS = {"/v1/completions": False, "/v1/chat/completions": True}
+_USAGE_KEY = b'"usage"'
+_MAX_KEEP = 1 << 20  # bytes of a non-streamed answer kept to read its usage
+
+
+@dataclass(slots=True)
+class Record:
+    """One request as the request log will show it."""
+
+    arrival: float
+    t0: float
+    path: str
+    tenant: str | None = None
+    model: str | None = None
+    stream: bool = False
+    step_id: str | None = None
+    prompt_tokens: int = 0
+    output_tokens: int = 0
+    queue_wait_s: float | None = None
+    ttft_s: float | None = None
+    e2e_s: float | None = None
+    status: int = 0
+    outcome: str = ""
+    finished: bool = False  # the last byte is being sent: a disconnect now is not the client's fault
+
+    def line(self) -> dict[str, Any]:
+        return {
+            "tenant": self.tenant,
+            "arrival": round(self.arrival, 6),
+            "prompt_tokens": self.prompt_tokens,
+            "output_tokens": self.output_tokens,
+            "queue_wait_s": _r(self.queue_wait_s),
+            "ttft_s": _r(self.ttft_s),
+            "e2e_s": _r(self.e2e_s),
+            "outcome": self.outcome,
+            "status": self.status,
+            "model": self.model,
+            "stream": self.stream,
+            "path": self.path,
+            "step_id": self.step_id,
+        }
+
+
+def _r(x: float | None) -> float | None:
+    return None if x is None else round(x, 6)
+
+
+async def _wait_disconnect(receive: Receive) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
+
+
+class Gateway:
+    def __init__(self, cfg: GatewayConfig, backend_url: str, backend_api_key: str | None = None) -> None:
+        self.cfg = cfg
+        self.names = [t.name for t in cfg.tenants]
+        self.index = {n: i for i, n in enumerate(self.names)}
+        self._keys = cfg.key_index()
+        self._trusted = cfg.auth.header.lower().encode() if cfg.auth.mode == "trusted_header" else None
+        self.clock = time.monotonic
+        self.book = EnvelopeBook(on_alert=self._on_alert)
+        for t in cfg.tenants:
+            for env in t.envelopes:
+                self.book.configure(t.name, env, self.clock())
+        self.upstream = Upstream(backend_url, cfg.backend_timeout_s, backend_api_key)
+        self.request_log = JsonlWriter(cfg.request_log)
+        self.audit_log = JsonlWriter(cfg.audit_log)
+        self._admission: AdmissionBackend | None = None
+        self.metrics = GatewayMetrics(lambda: self.admission.snapshot(), self.book, self.clock)
+        self.admin = AdminApi(self, cfg.admin.resolve())
+        self.in_flight_requests = 0  # requests inside the proxy path right now (tests check it drains to 0)
+
+    @property
+    def admission(self) -> AdmissionBackend:
+        assert self._admission is not None, "the gateway has not started (no ASGI lifespan startup yet)"
+        return self._admission
+
+    # ----------------------------------------------------------------- lifecycle
+    async def startup(self) -> None:
+        if self._admission is None:
+            self._admission = LocalAdmission(self.cfg.tenants, self.cfg.capacity)
+        await self.upstream.start()
+
+    async def shutdown(self) -> None:
+        await self.upstream.close()
+        self.request_log.close()
+        self.audit_log.close()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        kind = scope["type"]
+        if kind == "http":
+            await self._http(scope, receive, send)
+        elif kind == "lifespan":
+            while True:
+                msg = await receive()
+                if msg["type"] == "lifespan.startup":
+                    try:
+                        await self.startup()
+                    except Exception as exc:  # pragma: no cover - reported by the server
+                        await send({"type": "lifespan.startup.failed", "message": str(exc)})
+                        return
+                    await send({"type": "lifespan.startup.complete"})
+                elif msg["type"] == "lifespan.shutdown":
+                    await self.shutdown()
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+
+    async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        chat = _COMPLETIONS.get(path)
+        if chat is not None:
+            await self._completion(scope, receive, send, chat)
+        elif path == "/health" and method in ("GET", "HEAD"):
+            await send_json(send, 200, {"status": "ok"})
+        elif path == "/metrics" and method == "GET":
+            body = self.metrics.render()
+            await send({"type": "http.response.start", "status": 200,
+                        "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
+            await send({"type": "http.response.body", "body": body})
+        elif path.startswith("/admin/") or path == "/admin":
+            await self.admin.handle(scope, receive, send)
+        elif path == "/v1/models":
+            await self._models(scope, send)
+        else:
+            rec = Record(time.time(), self.clock(), path[:200])
+            await self._fail(send, rec, HttpError(404, "not-found", "no such route"))
+
+    # ----------------------------------------------------------------- identity
+    def _identify(self, scope: Scope) -> int:
+        if self._trusted is not None:
+            name = header(scope, self._trusted)
+            i = self.index.get(name.decode("latin-1")) if name else None
+            if i is None:
+                raise HttpError(401, "unknown-tenant", f"header {self._trusted.decode()} names no configured tenant")
+            return i
+        key = bearer(scope)
+        i = self._keys.get(hashlib.sha256(key).digest()) if key else None
+        if i is None:
+            raise HttpError(401, "unauthorized", "a valid API key is required (Authorization: Bearer ...)")
+        return i
+
+    # ----------------------------------------------------------------- completions
+    async def _completion(self, scope: Scope, receive: Receive, send: Send, chat: bool) -> None:
+        rec = Record(time.time(), self.clock(), scope["path"])
+        step = header(scope, STEP_HEADER)
+        if step:
+            rec.step_id = step[:128].decode("latin-1")
+        try:
+            if scope["method"] != "POST":
+                raise HttpError(405, "method-not-allowed", "use POST")
+            tenant = self._identify(scope)
+            rec.tenant = self.names[tenant]
+            raw = await read_body(receive, scope, self.cfg.max_body_bytes)
+            try:
+                info = parse_request(raw, chat)
+            except BadBody as exc:
+                raise HttpError(400, "bad-request", str(exc)) from None
+        except HttpError as err:
+            await self._fail(send, rec, err)
+            return
+        except ConnectionResetError:
+            self._finish(rec, 499, "client-disconnect")
+            return
+        rec.model, rec.stream, rec.prompt_tokens = info.model, info.stream, info.prompt_tokens
+        self.in_flight_requests += 1
+        work = asyncio.ensure_future(self._serve(scope, send, tenant, info, raw, rec))
+        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        try:
+            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
+            if not work.done() and not rec.finished:
+                work.cancel()
+            try:
+                await work
+            except asyncio.CancelledError:
+                if not rec.outcome:
+                    rec.outcome, rec.status = "client-disconnect", 499
+            except Exception:  # a bug of ours; the client gets no 500 of our making if the answer had started
+                log.exception("request of tenant %s failed", rec.tenant)
+                rec.outcome, rec.status = rec.outcome or "gateway-error", rec.status or 500
+        finally:
+            watch.cancel()
+            self.in_flight_requests -= 1
+            self._finish(rec, rec.status, rec.outcome)
+
+    async def _serve(self, scope: Scope, send: Send, tenant: int, info: RequestInfo, raw: bytes, rec: Record) -> None:
+        name = self.names[tenant]
+        charge: Charge | None = None
+        try:
+            got = self.book.charge(name, info.model, info.cost_tokens, self.clock())
+            if isinstance(got, Deferral):
+                why = f"rate envelope '{got.target}' has no {got.unit} left"
+                raise Deferred(ENVELOPE_EMPTY, got.retry_after_s, why)
+            charge = got
+            lease = await self.admission.acquire(tenant)
+        except Deferred as d:
+            if charge is not None:
+                self.book.refund(charge, self.clock())
+            self.metrics.deferred.labels(name, d.reason).inc()
+            await self._fail(send, rec, HttpError(429, d.reason, d.detail or d.reason, d.retry_after_s), False)
+            return
+        except asyncio.CancelledError:
+            if charge is not None:
+                self.book.refund(charge, self.clock())
+            raise
+        rec.queue_wait_s = lease.waited_s
+        self.metrics.admitted.labels(name).inc()
+        try:
+            if not await self._forward(scope, send, raw, rec) and charge is not None:
+                self.book.refund(charge, self.clock())
+        finally:
+            self.admission.release(lease)
+
+    async def _forward(self, scope: Scope, send: Send, raw: bytes, rec: Record) -> bool:
+        """Proxy one admitted request; False when it never reached the backend."""
+        path = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else "")
+        try:
+            resp = await self.upstream.request("POST", path, raw)
+        except NoBackend as exc:
+            err = HttpError(503, "no-backend", str(exc), self.cfg.no_backend_retry_after_s)
+            await self._fail(send, rec, err, False)
+            return False
+        except BackendTimeout as exc:
+            await self._fail(send, rec, HttpError(504, "backend-timeout", str(exc)), False)
+            return True
+        rec.status = resp.status
+        ok = True
+        try:
+            headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _HOP]
+            await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+            events = 0
+            usage: dict[str, Any] | None = None
+            kept: list[bytes] | None = None if rec.stream else []
+            kept_n = 0
+            async for chunk in resp.content.iter_any():
+                if rec.ttft_s is None:
+                    rec.ttft_s = self.clock() - rec.t0
+                if kept is None:
+                    events += chunk.count(b"data:")
+                    if _USAGE_KEY in chunk:
+                        usage = _stream_usage(chunk) or usage
+                elif kept_n < _MAX_KEEP:
+                    kept.append(chunk)
+                    kept_n += len(chunk)
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            if kept:
+                usage = _body_usage(b"".join(kept))
+            elif kept is None:
+                events -= 1 + (usage is not None)  # [DONE] and the usage event carry no token
+            rec.output_tokens = max(0, events)
+            if usage:
+                rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
+                rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
+            rec.outcome = "ok" if resp.status < 400 else "backend-status"
+            rec.finished = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except (TimeoutError, aiohttp.ClientError) as exc:
+            ok = False
+            rec.outcome = "backend-broken"
+            rec.finished = True
+            log.warning("backend stream of tenant %s broke: %s", rec.tenant, type(exc).__name__)
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        finally:
+            if ok and rec.finished:
+                resp.release()
+            else:  # broken, or cancelled because the client left: drop the connection, the backend stops
+                resp.close()
+        return True
+
+    async def _models(self, scope: Scope, send: Send) -> None:
+        rec = Record(time.time(), self.clock(), scope["path"])
+        try:
+            if scope["method"] != "GET":
+                raise HttpError(405, "method-not-allowed", "use GET")
+            rec.tenant = self.names[self._identify(scope)]
+            resp = await self.upstream.request("GET", "/v1/models", None)
+        except HttpError as err:
+            await self._fail(send, rec, err)
+            return
+        except NoBackend as exc:
+            await self._fail(send, rec, HttpError(503, "no-backend", str(exc), self.cfg.no_backend_retry_after_s))
+            return
+        except BackendTimeout as exc:
+            await self._fail(send, rec, HttpError(504, "backend-timeout", str(exc)))
+            return
+        try:
+            body = await resp.read()
+        except (TimeoutError, aiohttp.ClientError):
+            resp.close()
+            await self._fail(send, rec, HttpError(503, "no-backend", "the backend broke off", 1.0))
+            return
+        headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _HOP]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        self._finish(rec, resp.status, "ok" if resp.status < 400 else "backend-status")
+
+    # ----------------------------------------------------------------- endings
+    async def _fail(self, send: Send, rec: Record, err: HttpError, finish: bool = True) -> None:
+        """Answer an error; ``finish=False`` inside a request task, whose caller writes the log line."""
+        rec.status, rec.outcome, rec.finished = err.status, err.reason, True
+        await send_error(send, err)
+        if finish:
+            self._finish(rec, err.status, err.reason)
+
+    def _finish(self, rec: Record, status: int, outcome: str) -> None:
+        rec.status, rec.outcome = status, outcome
+        rec.e2e_s = self.clock() - rec.t0
+        tenant = rec.tenant or "-"
+        m = self.metrics
+        m.requests.labels(tenant, outcome).inc()
+        if outcome == "ok" and rec.tenant is not None:
+            if rec.queue_wait_s is not None:
+                m.queue_wait.labels(tenant).observe(rec.queue_wait_s)
+            if rec.ttft_s is not None:
+                m.ttft.labels(tenant).observe(rec.ttft_s)
+            m.e2e.labels(tenant).observe(rec.e2e_s)
+            if rec.output_tokens > 0:
+                m.ntpot.labels(tenant).observe(rec.e2e_s / rec.output_tokens)
+        self.request_log.write(rec.line())
+
+    def _on_alert(self, tenant: str, target: str, unit: str, frac: float) -> None:
+        self.metrics.alerts.labels(tenant, target, unit).inc()
+        log.warning("envelope near exhaustion: tenant=%s target=%s unit=%s remaining=%.0f%%",
+                    tenant, target, unit, 100 * frac)
+
+
+def _stream_usage(chunk: bytes) -> dict[str, Any] | None:
+    for line in chunk.split(b"\n"):
+        if _USAGE_KEY in line and line.startswith(b"data:") and b'"usage":null' not in line.replace(b" ", b""):
+            with contextlib.suppress(ValueError):
+                got = json.loads(line[5:])
+                if isinstance(got, dict) and isinstance(got.get("usage"), dict):
+                    return got["usage"]
+    return None
+
+
+def _body_usage(body: bytes) -> dict[str, Any] | None:
+    with contextlib.suppress(ValueError):
+        got = json.loads(body)
+        if isinstance(got, dict) and isinstance(got.get("usage"), dict):
+            return got["usage"]
+    return None

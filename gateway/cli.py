@@ -1,0 +1,36 @@
+"""``admit gateway``: the per-tenant admission gateway in front of an OpenAI-compatible backend."""
+
+from __future__ import annotations
+
+import logging
+import os
+from pathlib import Path
+
+import typer
+
+
+def gateway(
+    backend: str = typer.Option(..., help="base URL of the OpenAI-compatible backend, e.g. http://127.0.0.1:8000"),
+    config: Path = typer.Option(..., help="tenants YAML (see docs/gateway.md)"),
+    host: str = typer.Option("127.0.0.1", help="address to listen on"),
+    port: int = typer.Option(8080, help="TCP port; 0 picks a free one (printed as 'listening on HOST:PORT')"),
+    backend_key_env: str | None = typer.Option(
+        None, help="environment variable holding an API key to send to the backend"
+    ),
+) -> None:
+    """Run the admission gateway: per-tenant limits, queues, rate envelopes, admin API, /metrics."""
+    from admit.gateway.app import Gateway
+    from admit.gateway.config import ConfigError, load_config
+    from admit.gateway.server import run
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        cfg = load_config(config)
+    except ConfigError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    if not backend.startswith(("http://", "https://")):
+        typer.secho("error: --backend must be an http:// or https:// URL", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
+    key = os.environ.get(backend_key_env) if backend_key_env else None
+    run(Gateway(cfg, backend, key), host, port)

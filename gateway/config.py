@@ -1,0 +1,205 @@
+"""The gateway's configuration file (tenants.yaml): a typed schema with errors that name the key.
+
+Example::
+
+    auth: {mode: api_key}              # or {mode: trusted_header, header: x-admit-tenant}
+    admin: {token_env: ADMIT_ADMIN_TOKEN}
+    capacity: 32                       # optional: total in flight at the backend, shared work-conservingly
+    max_body_bytes: 1048576
+    request_log: gateway-requests.jsonl
+    audit_log: gateway-audit.jsonl
+    tenants:
+      - name: chat
+        api_keys: [sk-chat-1]
+        limit: 8
+        max_queue: 64
+        queue_ttl_s: 5
+        priority: 1
+        borrow: 8                      # may use up to 8 idle slots of others (needs capacity)
+        envelopes:
+          - {target: "*", requests_per_s: 20, request_burst: 40, tokens_per_s: 20000, token_burst: 60000}
+
+Secrets (API keys, the admin token) are held as given but never written to a log; the admin token is best
+passed through an environment variable (``token_env``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+ENVELOPE_TARGET_ANY = "*"
+
+
+class ConfigError(ValueError):
+    """A configuration file that cannot be used; the message names the key and what is allowed."""
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class EnvelopeConfig(_Strict):
+    """A rate envelope of one tenant towards one target (a model name, or ``*`` for every model).
+
+    Requests and tokens are each limited by a GCRA bucket: ``*_per_s`` is the sustained rate and
+    ``*_burst`` how many units may be spent at once. Leave a pair out to not limit that unit.
+    """
+
+    target: str = ENVELOPE_TARGET_ANY
+    requests_per_s: float | None = Field(default=None, gt=0)
+    request_burst: int | None = Field(default=None, ge=1)
+    tokens_per_s: float | None = Field(default=None, gt=0)
+    token_burst: int | None = Field(default=None, ge=1)
+    alert_below: float = Field(default=0.2, ge=0, le=1)
+
+    @model_validator(mode="after")
+    def _pairs(self) -> EnvelopeConfig:
+        if self.requests_per_s is None and self.tokens_per_s is None:
+            raise ValueError("an envelope needs requests_per_s or tokens_per_s (or both)")
+        if self.request_burst is not None and self.requests_per_s is None:
+            raise ValueError("request_burst needs requests_per_s")
+        if self.token_burst is not None and self.tokens_per_s is None:
+            raise ValueError("token_burst needs tokens_per_s")
+        return self
+
+    @property
+    def request_burst_or_default(self) -> int:
+        return self.request_burst if self.request_burst is not None else max(1, math.ceil(self.requests_per_s or 1))
+
+    @property
+    def token_burst_or_default(self) -> int:
+        return self.token_burst if self.token_burst is not None else max(1, math.ceil(self.tokens_per_s or 1))
+
+
+class TenantConfig(_Strict):
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
+    api_keys: tuple[str, ...] = ()
+    limit: int = Field(default=4, ge=0)
+    max_queue: int = Field(default=64, ge=0)
+    queue_ttl_s: float = Field(default=30.0, gt=0)
+    priority: int = 0
+    weight: float = Field(default=1.0, gt=0)
+    borrow: int = Field(default=0, ge=0)
+    envelopes: tuple[EnvelopeConfig, ...] = ()
+
+    @field_validator("api_keys")
+    @classmethod
+    def _keys(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for k in v:
+            if len(k) < 8:
+                raise ValueError("every API key needs at least 8 characters")
+        return v
+
+    @field_validator("envelopes")
+    @classmethod
+    def _targets(cls, v: tuple[EnvelopeConfig, ...]) -> tuple[EnvelopeConfig, ...]:
+        seen = [e.target for e in v]
+        dup = {t for t in seen if seen.count(t) > 1}
+        if dup:
+            raise ValueError(f"envelope target(s) listed twice: {', '.join(sorted(dup))}")
+        return v
+
+
+class AuthConfig(_Strict):
+    mode: Literal["api_key", "trusted_header"] = "api_key"
+    header: str = Field(default="x-admit-tenant", min_length=1)
+
+
+class AdminConfig(_Strict):
+    token: str | None = Field(default=None, min_length=16)
+    token_env: str | None = None
+
+    def resolve(self) -> str | None:
+        if self.token_env:
+            value = os.environ.get(self.token_env)
+            if not value:
+                raise ConfigError(f"admin.token_env: environment variable {self.token_env} is not set")
+            if len(value) < 16:
+                raise ConfigError(f"admin.token_env: the token in {self.token_env} needs at least 16 characters")
+            return value
+        return self.token
+
+
+class GatewayConfig(_Strict):
+    auth: AuthConfig = AuthConfig()
+    admin: AdminConfig = AdminConfig()
+    capacity: int | None = Field(default=None, ge=1)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    backend_timeout_s: float = Field(default=600.0, gt=0)
+    no_backend_retry_after_s: float = Field(default=1.0, ge=0)
+    request_log: Path | None = None
+    audit_log: Path | None = None
+    tenants: tuple[TenantConfig, ...] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> GatewayConfig:
+        names = [t.name for t in self.tenants]
+        dup = {n for n in names if names.count(n) > 1}
+        if dup:
+            raise ValueError(f"tenant name(s) listed twice: {', '.join(sorted(dup))}")
+        keys = [k for t in self.tenants for k in t.api_keys]
+        if len(keys) != len(set(keys)):
+            raise ValueError("an API key is given to more than one tenant")
+        if self.auth.mode == "api_key":
+            missing = [t.name for t in self.tenants if not t.api_keys]
+            if missing:
+                raise ValueError(f"auth.mode api_key: tenant(s) without api_keys: {', '.join(missing)}")
+        if self.capacity is None and any(t.borrow for t in self.tenants):
+            raise ValueError("borrow needs a global 'capacity' to borrow from")
+        return self
+
+    def key_index(self) -> dict[bytes, int]:
+        """SHA-256 of every API key -> tenant index (lookups hash the presented key, so timing reveals nothing)."""
+        return {hashlib.sha256(k.encode()).digest(): i for i, t in enumerate(self.tenants) for k in t.api_keys}
+
+
+def _explain(err: ValidationError, source: str) -> str:
+    lines = []
+    for e in err.errors():
+        key = ".".join(str(p) for p in e["loc"]) or "(top level)"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            parent = e["loc"][:-1]
+            model: Any = GatewayConfig
+            for part in parent:
+                if isinstance(part, int):
+                    continue
+                ann = model.model_fields[str(part)].annotation
+                model = next((a for a in getattr(ann, "__args__", (ann,)) if isinstance(a, type)), ann)
+                if hasattr(model, "__args__"):
+                    model = model.__args__[0]
+            allowed = ", ".join(getattr(model, "model_fields", {}))
+            msg = f"unknown key; allowed keys: {allowed}"
+        elif e["type"] == "literal_error":
+            msg = f"{msg} (got {e.get('input')!r})"
+        lines.append(f"{key}: {msg}")
+    return f"{source}: invalid gateway configuration\n  " + "\n  ".join(lines)
+
+
+def parse_config(data: Any, source: str = "config") -> GatewayConfig:
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: the top level must be a mapping with a 'tenants' list")
+    try:
+        cfg = GatewayConfig.model_validate(data)
+    except ValidationError as err:
+        raise ConfigError(_explain(err, source)) from None
+    cfg.admin.resolve()
+    return cfg
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text())
+    except yaml.YAMLError as exc:
+        raise ConfigError(f"{p}: not valid YAML ({exc})") from None
+    return parse_config(data, str(p))

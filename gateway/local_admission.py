@@ -1,0 +1,226 @@
+"""In-process admission backend: the shared `AdmissionCore` with futures as payloads, on the event loop.
+
+Each request offers a future to the core. ADMITTED returns a lease at once, REJECTED defers with
+``queue-full``; QUEUED awaits the future, which the gateway resolves when a released slot (or a raised
+limit) dispatches it, or fails with ``ttl-expired`` when a timer calls ``expire()`` at ``next_deadline()``.
+Every core call is synchronous on the loop thread, so decisions are atomic.
+
+**Work-conserving sharing** (``capacity`` set): the core's per-tenant limit becomes the *effective* limit
+that the gateway recomputes after every event, so that the backend never holds more than ``capacity``
+requests. Each tenant is guaranteed its nominal limit; a tenant with ``borrow > 0`` may use up to that many
+idle slots beyond it. A freed slot goes first to a waiting tenant below its nominal limit, then to a
+borrower, higher ``priority`` first and then the tenant with the lowest in-flight/nominal ratio. Nothing
+running is preempted: a tenant that wants its guaranteed slots back gets the next ones that free up
+(Kueue's borrowing without preemption). Without ``capacity`` the effective limit is the nominal one and
+tenants are independent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from admit.core.admission import AdmissionCore, Offer, QueueConfig
+from admit.gateway.admission import QUEUE_FULL, TTL_EXPIRED, Deferred, Lease
+from admit.gateway.config import TenantConfig
+
+_EMA = 0.2  # weight of one hold time in the per-tenant mean used for Retry-After estimates
+
+
+class LocalAdmission:
+    def __init__(self, tenants: Sequence[TenantConfig], capacity: int | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.names = [t.name for t in tenants]
+        self.n_tenants = len(tenants)
+        self.nominal = [t.limit for t in tenants]
+        self.borrow = [t.borrow for t in tenants]
+        self.priority = [t.priority for t in tenants]
+        self.ttl = [t.queue_ttl_s for t in tenants]
+        self.max_queue = [t.max_queue for t in tenants]
+        self.capacity = capacity
+        self.hold_s = [1.0] * self.n_tenants
+        self.queue_full = [0] * self.n_tenants
+        self.ttl_expired = [0] * self.n_tenants
+        self.cancelled = [0] * self.n_tenants
+        start = [0 if capacity is not None else t.limit for t in tenants]
+        self.core = AdmissionCore(
+            [QueueConfig(s, t.max_queue, t.queue_ttl_s) for s, t in zip(start, tenants, strict=True)],
+            self._loop.time,
+        )
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._rebalancing = False
+        if capacity is not None:
+            self._rebalance()
+
+    # ----------------------------------------------------------------- leases
+    async def acquire(self, tenant: int) -> Lease:
+        fut: asyncio.Future[float] = self._loop.create_future()
+        got = self.core.offer(tenant, fut)
+        if got is Offer.ADMITTED:
+            if self.capacity is not None:
+                self._rebalance()
+            return Lease(tenant, self._loop.time(), 0.0)
+        if got is Offer.REJECTED:
+            self.queue_full[tenant] += 1
+            raise Deferred(QUEUE_FULL, self.retry_estimate(tenant), f"queue of {self.max_queue[tenant]} is full")
+        if self.capacity is not None:
+            self._rebalance()
+        self._arm_timer()
+        try:
+            waited = await fut
+        except asyncio.CancelledError:
+            if fut.cancelled():  # still queued (or handed a slot that _deliver already gave back)
+                if self.core.cancel(tenant, fut):
+                    self.cancelled[tenant] += 1
+            elif fut.exception() is None:  # a slot arrived just as the client left: give it back
+                self.release(Lease(tenant, self._loop.time(), fut.result()))
+            raise
+        return Lease(tenant, self._loop.time(), waited)
+
+    def release(self, lease: Lease) -> None:
+        if lease.released:
+            return
+        lease.released = True
+        t = lease.tenant
+        held = self._loop.time() - lease.granted_at
+        self.hold_s[t] += _EMA * (held - self.hold_s[t])
+        self._free_slot(t)
+        if self.capacity is not None and not self._rebalancing:
+            self._rebalance()
+        if self.core.next_deadline() == -math.inf:
+            self._arm_timer()
+
+    def _free_slot(self, t: int) -> None:
+        if self.capacity is None:
+            got = self.core.release(t)
+            if got is not None:
+                self._deliver(t, *got)
+        else:
+            self.core.set_limit(t, self.core.in_flight(t) - 1)  # the freed slot is the rebalancer's to give
+            self.core.release(t)
+
+    def _deliver(self, tenant: int, fut: Any, waited: float) -> None:
+        if fut.done():  # its client left between dispatch and now: the slot goes straight back
+            self._free_slot(tenant)
+        else:
+            fut.set_result(waited)
+
+    # ----------------------------------------------------------------- limits
+    def limit(self, tenant: int) -> int:
+        return self.nominal[tenant]
+
+    def set_limit(self, tenant: int, limit: int) -> int:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        old, self.nominal[tenant] = self.nominal[tenant], int(limit)
+        if self.capacity is None:
+            for fut, waited in self.core.set_limit(tenant, int(limit)):
+                self._deliver(tenant, fut, waited)
+        else:
+            self._rebalance()
+        self._arm_timer()
+        return old
+
+    def set_borrow(self, tenant: int, borrow: int) -> int:
+        if borrow < 0:
+            raise ValueError(f"borrow must be >= 0, got {borrow}")
+        if self.capacity is None and borrow:
+            raise ValueError("borrowing needs a global capacity")
+        old, self.borrow[tenant] = self.borrow[tenant], int(borrow)
+        if self.capacity is not None:
+            self._rebalance()
+        return old
+
+    def _rebalance(self) -> None:
+        """Give free capacity to waiting tenants, then set every effective limit to in-flight + headroom."""
+        core = self.core
+        assert self.capacity is not None
+        n = self.n_tenants
+        self._rebalancing = True
+        try:
+            while (free := self.capacity - sum(core.in_flight(i) for i in range(n))) > 0:
+                best, key = -1, (0, 0, 0.0)
+                for i in range(n):
+                    if not core.queue_depth(i):
+                        continue
+                    f = core.in_flight(i)
+                    nom = self.nominal[i]
+                    cls = 0 if f < nom else 1 if f < nom + self.borrow[i] else 2
+                    if cls == 2:
+                        continue
+                    k = (cls, -self.priority[i], f / max(nom, 1))
+                    if best < 0 or k < key:
+                        best, key = i, k
+                if best < 0:
+                    break
+                # expired heads are skipped by the core (handed out by the next expire()); loop with what is left
+                for fut, waited in core.set_limit(best, core.in_flight(best) + 1):
+                    self._deliver(best, fut, waited)
+            free = self.capacity - sum(core.in_flight(i) for i in range(n))
+            for i in range(n):
+                f = core.in_flight(i)
+                headroom = max(0, min(self.nominal[i] + self.borrow[i] - f, free))
+                if core.limit(i) != f + headroom:
+                    core.set_limit(i, f + headroom)  # no queue here, or no headroom: dispatches nothing
+        finally:
+            self._rebalancing = False
+
+    # ----------------------------------------------------------------- queue timeouts
+    def _arm_timer(self) -> None:
+        due = self.core.next_deadline()
+        if due == math.inf or due >= self._timer_at:
+            return
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer_at = due
+        self._timer = self._loop.call_at(max(due, self._loop.time()) + 0.001, self._on_timer)
+
+    def _on_timer(self) -> None:
+        self._timer, self._timer_at = None, math.inf
+        for tenant, fut, _waited in self.core.expire():
+            self.ttl_expired[tenant] += 1
+            if not fut.done():
+                fut.set_exception(
+                    Deferred(TTL_EXPIRED, self.retry_estimate(tenant), f"waited longer than {self.ttl[tenant]:g} s")
+                )
+        self._arm_timer()
+
+    # ----------------------------------------------------------------- state
+    def retry_estimate(self, tenant: int) -> float:
+        """Seconds until a slot is likely free: mean hold time x (queue + 1) / limit, within [1 s, TTL]."""
+        lim = max(1, self.nominal[tenant])
+        est = self.hold_s[tenant] * (self.core.queue_depth(tenant) + 1) / lim
+        return min(max(1.0, est), max(1.0, self.ttl[tenant]))
+
+    def in_flight(self, tenant: int) -> int:
+        return self.core.in_flight(tenant)
+
+    def queue_depth(self, tenant: int) -> int:
+        return self.core.queue_depth(tenant)
+
+    def snapshot(self) -> dict[str, Any]:
+        tenants = {}
+        for i, name in enumerate(self.names):
+            c = self.core.counters(i)
+            tenants[name] = {
+                "limit": self.nominal[i],
+                "effective_limit": self.core.limit(i),
+                "borrow": self.borrow[i],
+                "priority": self.priority[i],
+                "in_flight": self.core.in_flight(i),
+                "queue_depth": self.core.queue_depth(i),
+                "max_queue": self.max_queue[i],
+                "queue_ttl_s": self.ttl[i],
+                "admitted": c["admitted"],
+                "queue_full": self.queue_full[i],
+                "ttl_expired": self.ttl_expired[i],
+                "cancelled_in_queue": self.cancelled[i],
+            }
+        return {
+            "capacity": self.capacity,
+            "in_flight": sum(self.core.in_flight(i) for i in range(self.n_tenants)),
+            "tenants": tenants,
+        }

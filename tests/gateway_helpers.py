@@ -1,0 +1,256 @@
+"""Real servers on loopback for the gateway tests: the mock backend (counting in flight) and the gateway.
+
+* `CountingMock` runs the project's mock OpenAI server (admit.loadgen.mockserver) in a thread of this
+  process; its connections count how many streamed requests are being answered at once, so a test can
+  check a limit where it matters, at the backend.
+* `MockProcess` runs the same mock server as a child process that a test can kill and restart.
+* `GatewayProcess` runs ``python -m admit.gateway --port 0`` on a config written for the test and waits
+  until ``/health`` answers (polling with a deadline, never a fixed sleep).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import selectors
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from admit.loadgen.mockserver import ServerProtocol, Stats
+
+ADMIN_TOKEN = "test-admin-token-0123456789"
+
+
+def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition", every: float = 0.01) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        got = pred()
+        if got:
+            return got
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        time.sleep(every)
+
+
+class InFlight:
+    """Streamed requests being answered by the mock right now, and the most ever at once."""
+
+    def __init__(self) -> None:
+        self.now = 0
+        self.max = 0
+        self.started = 0
+        self.lost = 0  # connections closed by the client while a stream was running (upstream cancelled)
+
+    def reset_max(self) -> None:
+        self.max = self.now
+
+
+def _counting_protocol(counter: InFlight) -> type[ServerProtocol]:
+    class Counting(ServerProtocol):
+        @property  # type: ignore[override]
+        def busy(self) -> bool:
+            return getattr(self, "_busy", False)
+
+        @busy.setter
+        def busy(self, value: bool) -> None:
+            old = getattr(self, "_busy", False)
+            self._busy = value
+            if value and not old:
+                counter.now += 1
+                counter.started += 1
+                counter.max = max(counter.max, counter.now)
+            elif old and not value:
+                counter.now -= 1
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            if self.busy:
+                counter.lost += 1
+                self.busy = False
+            super().connection_lost(exc)
+
+    return Counting
+
+
+class CountingMock:
+    """The mock server in a background thread; ``url`` once started."""
+
+    def __init__(self, ttft_ms: float = 0.0, itl_ms: float = 10.0) -> None:
+        self.counter = InFlight()
+        self.stats = Stats()
+        self._ttft = ttft_ms / 1000
+        self._itl = itl_ms / 1000
+        self._ready = threading.Event()
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._server: asyncio.base_events.Server | None = None
+        self.url = ""
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+        if not self._ready.wait(10):
+            raise RuntimeError("mock server did not start")
+
+    def _run(self) -> None:
+        loop = asyncio.new_event_loop()
+        self._loop = loop
+        proto = _counting_protocol(self.counter)
+
+        async def main() -> None:
+            self._server = await loop.create_server(
+                lambda: proto(self._ttft, self._itl, 1.0, self.stats), "127.0.0.1", 0
+            )
+            host, port = self._server.sockets[0].getsockname()[:2]
+            self.url = f"http://{host}:{port}"
+            self._ready.set()
+            await self._server.serve_forever()
+
+        try:
+            loop.run_until_complete(main())
+        except asyncio.CancelledError:
+            pass
+        finally:
+            loop.close()
+
+    def stop(self) -> None:
+        if self._loop is not None and self._server is not None:
+            self._loop.call_soon_threadsafe(self._server.close)
+            for task in asyncio.all_tasks(self._loop):
+                self._loop.call_soon_threadsafe(task.cancel)
+        self._thread.join(5)
+
+
+def _read_listening(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
+    assert proc.stdout is not None
+    sel = selectors.DefaultSelector()
+    sel.register(proc.stdout, selectors.EVENT_READ)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if sel.select(timeout=0.1):
+            line = proc.stdout.readline()
+            if line.startswith("listening on "):
+                return "http://" + line.split()[-1]
+            if not line and proc.poll() is not None:
+                break
+    proc.kill()
+    raise RuntimeError(f"{what} did not start")
+
+
+def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
+         timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
+    data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else None
+    req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json",
+                                                                         **(headers or {})})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return resp.status, {k.lower(): v for k, v in resp.headers.items()}, resp.read()
+    except urllib.error.HTTPError as err:
+        return err.code, {k.lower(): v for k, v in err.headers.items()}, err.read()
+
+
+class MockProcess:
+    """The mock server as a child process (``python -m admit.loadgen.mockserver``) that can be killed."""
+
+    def __init__(self, port: int = 0, ttft_ms: float = 0.0, itl_ms: float = 10.0) -> None:
+        self.args = ["--ttft-ms", str(ttft_ms), "--itl-ms", str(itl_ms)]
+        self.proc = self._start(port)
+
+    def _start(self, port: int) -> subprocess.Popen[str]:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "admit.loadgen.mockserver", "--port", str(port), *self.args],
+            stdout=subprocess.PIPE, text=True,
+        )
+        self.url = _read_listening(proc, 20, "mock server")
+        self.port = int(self.url.rsplit(":", 1)[1])
+        return proc
+
+    def kill(self) -> None:
+        self.proc.kill()
+        self.proc.wait(5)
+
+    def restart(self) -> None:
+        self.proc = self._start(self.port)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.kill()
+
+
+class GatewayProcess:
+    def __init__(self, tmp: Path, backend: str, config: dict[str, Any]) -> None:
+        cfg = {"admin": {"token_env": "ADMIT_TEST_ADMIN_TOKEN"}, "request_log": str(tmp / "requests.jsonl"),
+               "audit_log": str(tmp / "audit.jsonl"), **config}
+        self.request_log_path = Path(cfg["request_log"])
+        self.audit_log_path = Path(cfg["audit_log"])
+        path = tmp / "tenants.yaml"
+        path.write_text(yaml.safe_dump(cfg))
+        env = {**os.environ, "ADMIT_TEST_ADMIN_TOKEN": ADMIN_TOKEN}
+        self.stderr_path = tmp / "gateway.stderr"
+        self._stderr = self.stderr_path.open("w")
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "admit.gateway", "--backend", backend, "--config", str(path), "--port", "0"],
+            stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,
+        )
+        self.url = _read_listening(self.proc, 30, "gateway")
+        wait_for(lambda: self._healthy(), 20, "gateway /health")
+
+    def _healthy(self) -> bool:
+        try:
+            return http("GET", self.url + "/health", timeout=2)[0] == 200
+        except OSError:
+            return False
+
+    def admin(self, method: str, path: str, body: Any = None, token: str = ADMIN_TOKEN,
+              actor: str | None = None) -> tuple[int, Any]:
+        headers = {"Authorization": f"Bearer {token}"}
+        if actor:
+            headers["x-admit-actor"] = actor
+        status, _, data = http(method, self.url + path, body, headers)
+        return status, json.loads(data) if data else None
+
+    def state(self) -> dict[str, Any]:
+        status, body = self.admin("GET", "/admin/state")
+        assert status == 200, body
+        return body
+
+    def metrics(self) -> str:
+        return http("GET", self.url + "/metrics")[2].decode()
+
+    def request_log(self) -> list[dict[str, Any]]:
+        if not self.request_log_path.exists():
+            return []
+        return [json.loads(x) for x in self.request_log_path.read_text().splitlines() if x.strip()]
+
+    def audit_log(self) -> list[dict[str, Any]]:
+        if not self.audit_log_path.exists():
+            return []
+        return [json.loads(x) for x in self.audit_log_path.read_text().splitlines() if x.strip()]
+
+    def stderr(self) -> str:
+        self._stderr.flush()
+        return self.stderr_path.read_text()
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(10)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        self._stderr.close()
+
+
+def tenant_cfg(name: str, **kw: Any) -> dict[str, Any]:
+    return {"name": name, "api_keys": [f"sk-{name}-secret-key"], **kw}
+
+
+def key(name: str) -> str:
+    return f"sk-{name}-secret-key"

@@ -1,0 +1,166 @@
+"""The gateway as an OpenAI-compatible proxy: the official client, streaming, logs, disconnects, no backend."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import openai
+import pytest
+from admit.loadgen.traces import read_jsonl
+from gateway_helpers import CountingMock, GatewayProcess, MockProcess, http, key, tenant_cfg, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[CountingMock]:
+    m = CountingMock(ttft_ms=0, itl_ms=10)
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def gw(mock: CountingMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    g = GatewayProcess(tmp_path_factory.mktemp("gw"), mock.url, {"tenants": [tenant_cfg("alpha", limit=4)]})
+    yield g
+    g.stop()
+
+
+def client(gw: GatewayProcess, tenant: str = "alpha") -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key(tenant), max_retries=0, timeout=20)
+
+
+def test_openai_client_completions_and_models(gw: GatewayProcess) -> None:
+    c = client(gw)
+    r = c.completions.create(model="mock", prompt="one two three", max_tokens=7)
+    assert r.choices[0].text == " tok" * 7
+    assert r.usage is not None and r.usage.completion_tokens == 7
+    chat = c.chat.completions.create(model="mock", messages=[{"role": "user", "content": "hi"}], max_tokens=3)
+    assert chat.choices[0].message.content == " tok" * 3
+    assert [m.id for m in c.models.list()] == ["mock"]
+
+
+def test_streaming_passes_chunks_through_as_they_come(gw: GatewayProcess) -> None:
+    c = client(gw)
+    t0 = time.monotonic()
+    arrivals = []
+    stream = c.chat.completions.create(
+        model="mock", messages=[{"role": "user", "content": "hi"}], max_tokens=30, stream=True,
+        stream_options={"include_usage": True},
+    )
+    usage = None
+    texts = []
+    for ch in stream:
+        arrivals.append(time.monotonic() - t0)
+        if ch.choices:
+            texts.append(ch.choices[0].delta.content)
+        if ch.usage is not None:
+            usage = ch.usage
+    assert texts == [" tok"] * 30
+    assert usage is not None and usage.completion_tokens == 30
+    # 30 tokens 10 ms apart: a proxy that buffered the answer would deliver every chunk at the end
+    assert arrivals[-1] - arrivals[0] > 0.15
+    assert arrivals[0] < 0.5 * arrivals[-1]
+
+
+def test_wrong_key_is_401_json_and_logged_without_the_key(gw: GatewayProcess) -> None:
+    bad = openai.OpenAI(base_url=gw.url + "/v1", api_key="sk-not-a-real-key-xyz", max_retries=0)
+    with pytest.raises(openai.AuthenticationError) as exc:
+        bad.completions.create(model="mock", prompt="x", max_tokens=2)
+    assert exc.value.status_code == 401
+    assert exc.value.response.headers["x-admit-reason"] == "unauthorized"
+    status, _, _ = http("POST", gw.url + "/v1/completions", {"model": "mock", "prompt": "x"})  # no key at all
+    assert status == 401
+    lines = wait_for(lambda: [x for x in gw.request_log() if x["outcome"] == "unauthorized"], what="401 log lines")
+    assert all(x["tenant"] is None for x in lines)
+    text = gw.request_log_path.read_text() + gw.stderr()
+    assert "sk-not-a-real-key-xyz" not in text and key("alpha") not in text
+
+
+def test_request_log_lines_are_complete_and_replayable(gw: GatewayProcess, tmp_path: Path) -> None:
+    c = client(gw)
+    for _ in c.with_options(default_headers={"x-admit-step-id": "step-42"}).completions.create(
+        model="mock", prompt="a b c d", max_tokens=5, stream=True
+    ):
+        pass
+    c.completions.create(model="mock", prompt="a b c d", max_tokens=6)
+    lines = wait_for(lambda: [x for x in gw.request_log() if x["path"] == "/v1/completions" and x["outcome"] == "ok"],
+                     what="log lines")
+    streamed = next(x for x in lines if x["step_id"] == "step-42")
+    assert streamed["stream"] is True and streamed["output_tokens"] == 5 and streamed["status"] == 200
+    assert 0 <= streamed["queue_wait_s"] <= streamed["ttft_s"] <= streamed["e2e_s"]
+    plain = next(x for x in lines if x["step_id"] is None and x["output_tokens"] == 6)
+    assert plain["prompt_tokens"] == 4  # the backend's usage count wins over the gateway's estimate
+    assert plain["tenant"] == "alpha" and plain["model"] == "mock"
+    trace = read_jsonl(gw.request_log_path, tenant="alpha")  # `admit loadgen` reads the log as a trace
+    assert len(trace.arrivals) >= 2 and (trace.arrivals >= 0).all()
+
+
+async def _read_first_chunk_then_leave(url: str, api_key: str) -> bytes:
+    host, port = url.removeprefix("http://").split(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    body = b'{"model":"mock","prompt":"x","max_tokens":500,"stream":true}'
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer " + api_key.encode()
+        + b"\r\nContent-Type: application/json\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body
+    )
+    await writer.drain()
+    got = await asyncio.wait_for(reader.readuntil(b"data:"), 10)
+    writer.transport.abort()  # RST: the client is gone mid-stream
+    return got
+
+
+def test_client_disconnect_mid_stream_frees_the_slot_and_cancels_upstream(
+    gw: GatewayProcess, mock: CountingMock
+) -> None:
+    lost_before = mock.counter.lost
+    head = asyncio.run(_read_first_chunk_then_leave(gw.url, key("alpha")))
+    assert head.startswith(b"HTTP/1.1 200")
+    # 500 tokens at 10 ms would stream for 5 s; the backend must see the connection go within a moment
+    wait_for(lambda: mock.counter.lost > lost_before, 3, "the upstream stream to be cancelled")
+    wait_for(lambda: gw.state()["tenants"]["alpha"]["in_flight"] == 0, 3, "the slot to be free")
+    line = wait_for(lambda: [x for x in gw.request_log() if x["outcome"] == "client-disconnect"], 3, "log line")
+    assert line[-1]["status"] == 499 and line[-1]["tenant"] == "alpha"
+
+
+def test_backend_down_is_503_no_backend(tmp_path: Path) -> None:
+    with socket.socket() as s:  # a port where nothing listens
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    g = GatewayProcess(tmp_path, f"http://127.0.0.1:{port}", {"tenants": [tenant_cfg("alpha")]})
+    try:
+        c = client(g)
+        with pytest.raises(openai.InternalServerError) as exc:
+            c.completions.create(model="mock", prompt="x", max_tokens=2)
+        assert exc.value.status_code == 503
+        headers = exc.value.response.headers
+        assert headers["x-admit-reason"] == "no-backend" and "retry-after" in headers
+        assert exc.value.response.json()["reason"] == "no-backend"
+        with pytest.raises(openai.InternalServerError):
+            c.models.list()
+        assert g.state()["tenants"]["alpha"]["in_flight"] == 0
+        line = wait_for(lambda: [x for x in g.request_log() if x["path"] == "/v1/completions"], what="log")
+        assert line[0]["outcome"] == "no-backend" and line[0]["status"] == 503
+    finally:
+        g.stop()
+
+
+def test_backend_restart_is_served_again(tmp_path: Path) -> None:
+    m = MockProcess(itl_ms=0)
+    g = GatewayProcess(tmp_path, m.url, {"tenants": [tenant_cfg("alpha")]})
+    try:
+        c = client(g)
+        assert c.completions.create(model="mock", prompt="x", max_tokens=2).choices
+        m.kill()
+        with pytest.raises(openai.InternalServerError):
+            c.completions.create(model="mock", prompt="x", max_tokens=2)
+        m.restart()
+        # the pooled keep-alive connection died with the old process; the gateway must not answer 503 now
+        assert c.completions.create(model="mock", prompt="x", max_tokens=2).choices
+    finally:
+        g.stop()
+        m.stop()
