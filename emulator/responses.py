@@ -13,7 +13,7 @@ import json
 from typing import Any
 
 from admit.emulator.protocol import GenParams
-from admit.emulator.tokens import output_text, token_text
+from admit.emulator.tokens import WORD_TEXT, output_text, token_text, word_index
 
 DONE = b"data: [DONE]\n\n"
 
@@ -35,12 +35,13 @@ def usage(prompt_tokens: int, completion_tokens: int) -> dict[str, int]:
 class AnswerFormat:
     """How one request's answer is written: ids, object names, the token-event template."""
 
-    __slots__ = ("created", "head", "id", "params", "rid", "role_head", "tail")
+    __slots__ = ("_chunks", "created", "head", "id", "params", "rid", "role_head", "tail")
 
     def __init__(self, params: GenParams, rid: int, created: int) -> None:
         self.params = params
         self.rid = rid
         self.created = created
+        self._chunks: list[bytes] | None = None
         self.id = f"{'chatcmpl' if params.chat else 'cmpl'}-{rid}"
         model = json.dumps(params.model)
         if params.chat:
@@ -58,12 +59,22 @@ class AnswerFormat:
 
     def token_events(self, first: int, n: int) -> bytes:
         """The SSE events of output tokens ``first .. first+n-1`` in one HTTP chunk."""
+        if n == 1 and first > 0:
+            return self._framed[word_index(self.rid, first)]
         rid = self.rid
         parts = []
         for i in range(first, first + n):
             head = self.role_head if i == 0 else self.head
             parts.append(head + token_text(rid, i).encode() + self.tail)
         return http_chunk(b"".join(parts))
+
+    @property
+    def _framed(self) -> list[bytes]:
+        """One framed chunk per output word (token events after the first are one of these)."""
+        f = self._chunks
+        if f is None:
+            f = self._chunks = [http_chunk(self.head + w.encode() + self.tail) for w in WORD_TEXT]
+        return f
 
     def final_events(self, finish_reason: str, completion_tokens: int) -> bytes:
         """Finish-reason event, optional usage event, [DONE], and the end of the chunked body."""

@@ -53,9 +53,14 @@ def estimate_chat_tokens(messages: list[dict[str, Any]]) -> int:
     return n
 
 
+def word_index(rid: int, i: int) -> int:
+    """Which of ``WORD_TEXT`` is output token ``i`` of request ``rid``."""
+    return (rid * 7 + i) % len(WORD_TEXT)
+
+
 def token_text(rid: int, i: int) -> str:
     """The text of output token ``i`` of request ``rid``."""
-    return WORD_TEXT[(rid * 7 + i) % len(WORD_TEXT)]
+    return WORD_TEXT[word_index(rid, i)]
 
 
 def output_text(rid: int, n: int) -> str:
