@@ -1,0 +1,40 @@
+"""Helpers shared by the classic controllers: which latency they read, and how a desired limit becomes a delta.
+
+Latency input (reference: feed TTFT or per-token latency, not end-to-end latency, which scales with the
+output length). ``latency_kind(spec)`` is ``"ttft"`` when the scenario declares any TTFT objective (the
+token-engine scenarios, where ``ttft_*`` is time to the first token, admission wait included) and
+``"e2e"`` otherwise: on the slot engine TTFT is only the admission-queue wait (zero whenever a slot is
+free), so a gradient on it would read "no latency" and the study's objective there is end to end.
+
+Every classic algorithm keeps its own real-valued limit L per tenant and emits
+``clamp(round(L) − current limit, ±max_step)``; the caller clamps the limit to [min, max].
+"""
+
+from __future__ import annotations
+
+import math
+
+from admit.core.observation import NO_SLO, TenantObservation
+from admit.core.spec import ControlSpec
+
+
+def latency_kind(spec: ControlSpec) -> str:
+    return "ttft" if any(math.isfinite(t.slo_ttft_p99_s) for t in spec.tenants) else "e2e"
+
+
+def latency(t: TenantObservation, kind: str, pct: str = "p50") -> float:
+    return float(getattr(t, f"{kind}_{pct}"))
+
+
+def slo_missed(t: TenantObservation) -> bool:
+    """The window's p99 is over one of the tenant's objectives (no samples: not missed)."""
+    if t.samples <= 0:
+        return False
+    return (t.slo_ttft_p99 < NO_SLO and t.ttft_p99 > t.slo_ttft_p99) or (
+        t.slo_e2e_p99 < NO_SLO and t.e2e_p99 > t.slo_e2e_p99
+    )
+
+
+def to_delta(target: float, limit: float, max_step: int) -> int:
+    d = round(target) - round(limit)
+    return max(-max_step, min(max_step, d))
