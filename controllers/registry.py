@@ -8,8 +8,13 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from admit.controllers.aimd import AIMDController
 from admit.controllers.differentiated import DifferentiatedController
+from admit.controllers.envoy import EnvoyGradientController
+from admit.controllers.gradient2 import Gradient2Controller
 from admit.controllers.naive import NaiveController
+from admit.controllers.robust import RobustController
+from admit.controllers.saturation import SaturationGateController
 from admit.controllers.static import StaticController
 from admit.core.controller import Controller
 
@@ -35,10 +40,36 @@ def _no_arg(cls: type) -> Callable[[str | None], Controller]:
     return make
 
 
+# robust and its ablations: each one switches one of the four requirements off (controllers/robust.py)
+_ROBUST_ABLATIONS = {
+    "robust": {},
+    "robust-no-confidence": {"confidence": False},
+    "robust-global": {"per_tenant": False},
+    "robust-symmetric": {"asymmetric": False},
+    "robust-no-context": {"context": False},
+}
+
+
+def _robust(name: str) -> Callable[[str | None], Controller]:
+    def make(arg: str | None) -> Controller:
+        if arg is not None:
+            raise ValueError(f"policy {name!r} takes no argument, got {arg!r}")
+        c = RobustController(**_ROBUST_ABLATIONS[name])
+        c.name = name
+        return c
+
+    return make
+
+
 _FACTORIES: dict[str, Callable[[str | None], Controller]] = {
     "static": _static,
     "naive": _no_arg(NaiveController),
     "differentiated": _no_arg(DifferentiatedController),
+    "aimd": _no_arg(AIMDController),
+    "gradient2": _no_arg(Gradient2Controller),
+    "envoy": _no_arg(EnvoyGradientController),
+    "saturation": _no_arg(SaturationGateController),
+    **{name: _robust(name) for name in _ROBUST_ABLATIONS},
 }
 
 
