@@ -1,0 +1,132 @@
+"""Rate envelopes: the GCRA arithmetic on an injected clock, and 429 envelope-empty through the gateway."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+from admit.gateway.config import EnvelopeConfig
+from admit.gateway.envelopes import Charge, Deferral, EnvelopeBook
+from admit.gateway.gcra import Gcra
+from gateway_helpers import CountingMock, GatewayProcess, http, key, tenant_cfg, wait_for
+
+pytestmark = pytest.mark.timeout(60)
+
+
+def test_gcra_burst_then_rate() -> None:
+    g = Gcra(rate=2.0, burst=3, now=0.0)
+    assert [g.spend(1, 0.0).allowed for _ in range(4)] == [True, True, True, False]
+    denied = g.spend(1, 0.0)
+    assert denied.retry_after_s == pytest.approx(0.5)  # one unit refills every 1/rate s
+    assert not g.spend(1, 0.49).allowed
+    assert g.spend(1, 0.5).allowed
+    assert g.remaining(0.5) == pytest.approx(0.0)
+    assert g.remaining(2.0) == pytest.approx(3.0)  # full again after burst/rate
+
+
+def test_gcra_weighted_spend_and_refund() -> None:
+    g = Gcra(rate=100.0, burst=200, now=10.0)
+    assert g.spend(150, 10.0).allowed
+    res = g.spend(100, 10.0)
+    assert not res.allowed and res.retry_after_s == pytest.approx(0.5)  # 50 left, 50 more need 0.5 s
+    g.refund(150, 10.0)
+    assert g.remaining(10.0) == pytest.approx(200)
+
+
+def test_gcra_oversize_spend_passes_only_when_full_and_leaves_debt() -> None:
+    g = Gcra(rate=10.0, burst=5, now=0.0)
+    assert g.spend(20, 0.0).allowed  # larger than the burst: allowed from a full bucket
+    res = g.spend(1, 0.0)
+    assert not res.allowed and res.retry_after_s == pytest.approx(1.6)  # 2 s of debt minus the 0.5 s burst window
+
+
+def test_gcra_reconfigure_keeps_debt() -> None:
+    g = Gcra(rate=1.0, burst=2, now=0.0)
+    g.spend(2, 0.0)
+    g.reconfigure(rate=2.0, burst=4, now=0.0)
+    # the debt is kept in time (as redis-cell keeps TAT when a call brings new parameters): 2 s to refill
+    assert g.remaining(0.0) == pytest.approx(0.0)
+    assert g.remaining(0.5) == pytest.approx(1.0)
+    g.reconfigure(rate=10.0, burst=5, now=0.5)  # ... but never more than one new burst of it
+    assert g.remaining(1.0) == pytest.approx(5.0)
+
+
+def test_book_checks_all_envelopes_before_charging_and_alerts_once() -> None:
+    alerts: list[tuple[str, str, str, float]] = []
+    book = EnvelopeBook(on_alert=lambda *a: alerts.append(a))
+    book.configure("t", EnvelopeConfig(target="*", requests_per_s=1, request_burst=10), 0.0)
+    book.configure("t", EnvelopeConfig(target="m", tokens_per_s=10, token_burst=100), 0.0)
+    assert isinstance(book.charge("t", "m", 70, 0.0), Charge)
+    denied = book.charge("t", "m", 70, 0.0)
+    assert isinstance(denied, Deferral) and denied.unit == "tokens" and denied.target == "m"
+    assert denied.retry_after_s == pytest.approx(4.0)
+    env_any = book.envelopes("t")[0]
+    assert env_any.buckets["requests"].remaining(0.0) == pytest.approx(9)  # the deferral spent nothing
+    assert isinstance(book.charge("t", "other", 10**6, 0.0), Charge)  # only '*' applies to another model
+    assert alerts == []
+    for _ in range(8):
+        book.charge("t", "other", 0, 0.0)
+    assert [(a[0], a[1], a[2]) for a in alerts] == [("t", "*", "requests")]  # fired once, not per request
+    assert env_any.state(0.0)["in_backoff"] is True  # the token deferral put both envelopes into backoff
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[CountingMock]:
+    m = CountingMock(itl_ms=0)
+    yield m
+    m.stop()
+
+
+@pytest.fixture(scope="module")
+def gw(mock: CountingMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    cfg = {"tenants": [
+        tenant_cfg("rated", limit=8, envelopes=[{"target": "*", "requests_per_s": 0.5, "request_burst": 2}]),
+        tenant_cfg("tokens", limit=8, envelopes=[{"target": "mock", "tokens_per_s": 50, "token_burst": 200}]),
+    ]}
+    g = GatewayProcess(tmp_path_factory.mktemp("gw"), mock.url, cfg)
+    yield g
+    g.stop()
+
+
+def post(gw: GatewayProcess, tenant: str, max_tokens: int = 2) -> tuple[int, dict[str, str], bytes]:
+    return http("POST", gw.url + "/v1/completions", {"model": "mock", "prompt": "x", "max_tokens": max_tokens},
+                {"Authorization": f"Bearer {key(tenant)}"})
+
+
+def test_request_envelope_defers_with_retry_after(gw: GatewayProcess) -> None:
+    assert post(gw, "rated")[0] == 200
+    assert post(gw, "rated")[0] == 200
+    status, headers, body = post(gw, "rated")
+    assert status == 429 and headers["x-admit-reason"] == "envelope-empty"
+    # 0.5 requests/s: the next unit is ~2 s away; Retry-After rounds up, the ms header is exact
+    assert headers["retry-after"] == "2"
+    assert 1500 <= int(headers["x-admit-retry-after-ms"]) <= 2000
+    assert b'"reason":"envelope-empty"' in body
+    env = gw.state()["tenants"]["rated"]["envelopes"][0]
+    assert env["in_backoff"] and env["deferred"] == 1 and env["requests"]["remaining"] < 1
+    metrics = gw.metrics()
+    assert 'admit_gateway_deferred_total{reason="envelope-empty",tenant="rated"} 1.0' in metrics
+    assert 'admit_gateway_envelope_alerts_total{target="*",tenant="rated",unit="requests"} 1.0' in metrics
+    assert 'admit_gateway_envelope_remaining{target="*",tenant="rated",unit="requests"}' in metrics
+    wait_for(lambda: "envelope near exhaustion: tenant=rated" in gw.stderr(), 5, "the alert log line")
+
+
+def test_token_envelope_counts_prompt_and_max_tokens(gw: GatewayProcess) -> None:
+    assert post(gw, "tokens", max_tokens=150)[0] == 200  # ~151 of 200
+    status, headers, _ = post(gw, "tokens", max_tokens=150)
+    assert status == 429 and headers["x-admit-reason"] == "envelope-empty"
+    assert post(gw, "tokens", max_tokens=20)[0] == 200  # a small one still fits: the deferral spent nothing
+
+
+def test_envelope_changed_through_admin_api_applies_at_once(gw: GatewayProcess) -> None:
+    status, body = gw.admin("PUT", "/admin/tenants/rated/envelopes/*",
+                            {"requests_per_s": 1000, "request_burst": 1000, "reason": "open up"}, actor="ctl")
+    assert status == 200, body
+    assert post(gw, "rated")[0] == 200
+    status, body = gw.admin("PUT", "/admin/tenants/rated/envelopes/*", {"requests_per_s": -1})
+    assert status == 400 and "requests_per_s" in body["error"]["message"]
+    audit = [x for x in gw.audit_log() if x["what"] == "envelope"]
+    assert audit[-1]["new"]["requests_per_s"] == 1000 and audit[-1]["old"]["requests_per_s"] == 0.5
+    assert audit[-1]["actor"] == "ctl"
+    status, _ = gw.admin("DELETE", "/admin/tenants/rated/envelopes/*")
+    assert status == 200 and gw.state()["tenants"]["rated"]["envelopes"] == []
