@@ -1,9 +1,11 @@
 """A small, fast OpenAI-compatible streaming server with known delays, for tests and benchmarks.
 
 It answers ``POST /v1/completions`` and ``POST /v1/chat/completions`` (streamed or not),
-``GET /v1/models``, ``GET /health`` and ``GET /stats``. A streamed answer sends its first token ``ttft_ms`` after the
-request arrived and every further token ``itl_ms`` after the previous one, then a ``usage`` event when
-``stream_options.include_usage`` is set, then ``data: [DONE]``. The number of tokens is ``max_tokens``.
+``GET /v1/models``, ``GET /health`` and ``GET /stats`` (request count and first/last arrival on
+``CLOCK_MONOTONIC``; ``/stats?reset`` zeroes them after answering). A streamed answer sends its first
+token ``ttft_ms`` after the request arrived and every further token ``itl_ms`` after the previous one,
+then a ``usage`` event when ``stream_options.include_usage`` is set, then ``data: [DONE]``. The number
+of tokens is ``max_tokens``.
 
 Faults for tests are asked for per request with a body field ``"mock_fault"``:
 ``"429"``/``"503"``/``"500"`` (answer that status; 429 and 503 carry ``Retry-After: <retry_after>``),
@@ -20,6 +22,7 @@ import argparse
 import asyncio
 import json
 import sys
+import time
 
 MODEL = "mock"
 
@@ -44,8 +47,20 @@ def _chunk(payload: bytes) -> bytes:
 
 class Stats:
     def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
         self.requests = 0
         self.streams_done = 0
+        self.first_ns = 0  # CLOCK_MONOTONIC arrival of the first and last completion request
+        self.last_ns = 0
+
+    def arrived(self) -> None:
+        now = time.monotonic_ns()
+        if self.requests == 0:
+            self.first_ns = now
+        self.last_ns = now
+        self.requests += 1
 
 
 class ServerProtocol(asyncio.Protocol):
@@ -104,14 +119,22 @@ class ServerProtocol(asyncio.Protocol):
             elif path.startswith(b"/health"):  # vLLM's liveness route (guidellm checks it before a run)
                 self._write(_response(b"200 OK", b""))
                 return
-            elif path.startswith(b"/stats"):
-                payload = {"requests": self.stats.requests, "streams_done": self.stats.streams_done}
+            elif path.startswith(b"/stats"):  # "/stats?reset" answers, then zeroes the counters
+                st = self.stats
+                payload = {
+                    "requests": st.requests,
+                    "streams_done": st.streams_done,
+                    "first_ns": st.first_ns,
+                    "last_ns": st.last_ns,
+                }
+                if b"reset" in path:
+                    st.reset()
             else:
                 self._write(_response(b"404 Not Found", b'{"error":"not found"}'))
                 return
             self._write(_response(b"200 OK", json.dumps(payload).encode()))
             return
-        self.stats.requests += 1
+        self.stats.arrived()
         try:
             req = json.loads(body or b"{}")
         except ValueError:

@@ -140,7 +140,12 @@ def discover_model(cfg: RunConfig, timeout_s: float = 10.0) -> str:
 
 
 def _warm_count(rate_per_worker: float, cap: int) -> int:
-    return max(1, min(cap, 64, 2 + math.ceil(rate_per_worker * 0.02)))
+    """Connections opened before t0: enough for 50 ms of requests in flight per worker (up to 512).
+
+    A request that finds no idle connection waits for a new one, and that wait is send lag; a slow
+    moment of the server (or of a shared core) should not make the generator open connections mid-run.
+    """
+    return max(1, min(cap, 512, 4 + math.ceil(rate_per_worker * 0.05)))
 
 
 def run_stage(

@@ -68,7 +68,8 @@ def main() -> None:
         cfg.tenants = [parse_tenant_flag(f"name=a,rate={args.rate},arrival=poisson,prompt=32,output=16")]
         sch = build_schedule(cfg)
         target = Target.from_url(url, "completions")
-        job = WorkerJob(0, 1, target, [TenantTemplate("a", "mock", "completions")], sch, warm_connections=64)
+        warm = 4 + int(args.rate * 0.05)
+        job = WorkerJob(0, 1, target, [TenantTemplate("a", "mock", "completions")], sch, warm_connections=warm)
         if args.spin_us is not None:
             job.spin_ns = int(args.spin_us * 1000)
         loop = new_loop()
