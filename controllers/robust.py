@@ -60,6 +60,7 @@ class RobustController:
         self.ratio = [0.0] * n  # smoothed window p99 / SLO, the slack signal
         self.next_down = [0.0] * n
         self.bursty_until = [-math.inf] * n  # a tenant that burst recently is paced while others suffer
+        self.first = True
         self.busy = [0.0] * n  # EMA of in-flight requests: the concurrency the tenant needs on average
         self.timeout = spec.queue_timeout_s if math.isfinite(spec.queue_timeout_s) else math.inf
 
@@ -83,6 +84,9 @@ class RobustController:
                 self.ratio[i] = 0.8 * self.ratio[i] + 0.2 * worst
             tight = min((s for _, s in self.slos[i]), default=math.inf)
             rate = t.arrivals / max(obs.window_s, 1e-9)
+            if self.first:  # start the averages at the first reading, so start-up is not a "burst"
+                self.rate_fast[i] = self.rate_slow[i] = rate
+                self.busy[i] = t.in_flight
             self.rate_fast[i] += self.a_fast * (rate - self.rate_fast[i])
             self.rate_slow[i] += self.a_slow * (rate - self.rate_slow[i])
             risk.append(at_risk)
@@ -92,6 +96,7 @@ class RobustController:
             if self.rate_fast[i] > self.burst_ratio * max(self.rate_slow[i], 1.0 / max(obs.window_s, 1.0)):
                 self.bursty_until[i] = obs.time_s + self.memory_s
             burst.append(obs.time_s < self.bursty_until[i])
+        self.first = False
         return risk, own, slack, burst
 
     def act(self, obs: Observation) -> list[int]:
