@@ -10,8 +10,11 @@ preemptions exactly as in the simulator.
 Timing is the model's, not the loop's: a step processed late (a busy CPU) still ends at its due engine
 time, so lateness delays delivery but never accumulates into the engine's clock. Before a request is
 submitted every event already due is processed, so a request never joins a step that began before it
-arrived. Metrics use the model's times mapped to the wall (``VirtualClock.to_wall``), i.e. what a real
-engine would have stamped; the delivery lag is what ``benchmarks/emulator_bench.py`` measures.
+arrived. Decode tokens are written once per wake-up, so a loop that fell behind and processes several
+steps at once sends each stream one write for all of them (fewer system calls exactly when CPU is short);
+a request's first token is written at once. Metrics use the model's times mapped to the wall
+(``VirtualClock.to_wall``), i.e. what a real engine would have stamped; the delivery lag is what
+``benchmarks/emulator_bench.py`` measures.
 """
 
 from __future__ import annotations
@@ -42,7 +45,7 @@ class Sink(Protocol):
     def on_finish(self, reason: str, completion_tokens: int) -> None: ...
 
 
-@dataclass
+@dataclass(eq=False)
 class _Live:
     req: Request
     sink: Sink
@@ -78,7 +81,7 @@ class EngineLoop:
         self.finished_total = 0
         self.lateness: deque[float] = deque(maxlen=DEBUG_RECORDS)  # wall seconds each event was processed late
         self._live: dict[Request, _Live] = {}
-        self._later: list[tuple[_Live, int, int]] = []  # decode tokens of the step being processed
+        self._pending: dict[_Live, list[int]] = {}  # decode tokens not yet written: [first index, count]
         self._rid = 0
         self._step_wall = 0.0
         self._wake: asyncio.Future[None] | None = None
@@ -175,19 +178,24 @@ class EngineLoop:
         now = self.clock.now()
         e = self.engine
         t = e.next_event_time()
-        later = self._later
+        pending = self._pending
         while t <= now:
             w = self._step_wall = self.clock.to_wall(t)
             late = self.wall() - w
             self.lateness.append(late)
             self.metrics.observe_lateness(late)
-            finished = e.process_event(t)
-            for live, first, n in later:
-                live.sink.on_tokens(first, n)
-            later.clear()
-            for r in finished:
+            for r in e.process_event(t):
+                live = self._live.get(r)
+                if live is not None and live in pending:
+                    first, n = pending.pop(live)
+                    live.sink.on_tokens(first, n)
                 self._finish(r, w)
             t = e.next_event_time()
+        if pending:
+            items = list(pending.items())
+            pending.clear()
+            for live, (first, n) in items:
+                live.sink.on_tokens(first, n)
         return now
 
     def _on_tokens(self, req: Request, n: int, now: float) -> None:
@@ -199,7 +207,11 @@ class EngineLoop:
             self.metrics.observe_itl(w - live.last_wall)
         live.last_wall = w
         if live.emitted:
-            self._later.append((live, live.emitted, n))
+            p = self._pending.get(live)
+            if p is None:
+                self._pending[live] = [live.emitted, n]
+            else:
+                p[1] += n  # the loop is behind: several steps' tokens go out in one write
         else:
             live.sink.on_tokens(0, n)  # first tokens go out before the step's other writes: TTFT is the SLO
         live.emitted += n

@@ -110,6 +110,12 @@ class Connection(asyncio.Protocol):
                 self.transport.close()
             return
         if self._buf and not self._parsing and not self.closed:
+            # a pipelined request waits for the next loop turn, so that an answer finished from inside the
+            # engine loop never starts another request's handling there
+            asyncio.get_running_loop().call_soon(self._resume)
+
+    def _resume(self) -> None:
+        if not self._busy and not self.closed:
             self._parse()
 
     def _fail(self, status: int, message: str) -> None:
