@@ -55,8 +55,12 @@ class InFlight:
         self.max = self.now
 
 
-def _counting_protocol(counter: InFlight) -> type[ServerProtocol]:
+def _counting_protocol(counter: InFlight, live: set[ServerProtocol]) -> type[ServerProtocol]:
     class Counting(ServerProtocol):
+        def connection_made(self, transport: asyncio.BaseTransport) -> None:
+            live.add(self)
+            super().connection_made(transport)
+
         @property  # type: ignore[override]
         def busy(self) -> bool:
             return getattr(self, "_busy", False)
@@ -73,6 +77,7 @@ def _counting_protocol(counter: InFlight) -> type[ServerProtocol]:
                 counter.now -= 1
 
         def connection_lost(self, exc: Exception | None) -> None:
+            live.discard(self)
             if self.busy:
                 counter.lost += 1
                 self.busy = False
@@ -93,6 +98,8 @@ class CountingMock:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._server: asyncio.base_events.Server | None = None
         self.url = ""
+        self.port = 0
+        self._live: set[ServerProtocol] = set()
         self._thread = threading.Thread(target=self._run, daemon=True)
         self._thread.start()
         if not self._ready.wait(10):
@@ -101,16 +108,14 @@ class CountingMock:
     def _run(self) -> None:
         loop = asyncio.new_event_loop()
         self._loop = loop
-        proto = _counting_protocol(self.counter)
+        self._proto = _counting_protocol(self.counter, self._live)
 
         async def main() -> None:
-            self._server = await loop.create_server(
-                lambda: proto(self._ttft, self._itl, 1.0, self.stats), "127.0.0.1", 0
-            )
-            host, port = self._server.sockets[0].getsockname()[:2]
-            self.url = f"http://{host}:{port}"
+            await self._listen()
+            host, self.port = self._server.sockets[0].getsockname()[:2]  # type: ignore[union-attr]
+            self.url = f"http://{host}:{self.port}"
             self._ready.set()
-            await self._server.serve_forever()
+            await asyncio.Event().wait()
 
         try:
             loop.run_until_complete(main())
@@ -118,6 +123,42 @@ class CountingMock:
             pass
         finally:
             loop.close()
+
+    async def _listen(self) -> None:
+        assert self._loop is not None
+        self._server = await self._loop.create_server(
+            lambda: self._proto(self._ttft, self._itl, 1.0, self.stats), "127.0.0.1", self.port
+        )
+
+    def _call(self, fn: Callable[[], Any]) -> None:
+        assert self._loop is not None
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+
+        self._loop.call_soon_threadsafe(run)
+        done.wait(5)
+
+    def crash(self) -> None:
+        """Like a killed process: stop listening and reset every open connection."""
+
+        def go() -> None:
+            assert self._server is not None
+            self._server.close()
+            for p in list(self._live):
+                if p.transport is not None:
+                    p.transport.abort()
+
+        self._call(go)
+
+    def restart(self) -> None:
+        """Listen again on the same port."""
+        assert self._loop is not None
+        asyncio.run_coroutine_threadsafe(self._listen(), self._loop).result(5)
 
     def stop(self) -> None:
         if self._loop is not None and self._server is not None:
