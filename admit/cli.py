@@ -10,6 +10,7 @@ from admit.emulator.cli import emulate
 from admit.envs.fidelity import fidelity
 from admit.gateway.cli import gateway
 from admit.loadgen.cli import app as loadgen_app
+from admit.train.cli import train
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -20,6 +21,7 @@ app = typer.Typer(
 app.add_typer(loadgen_app, name="loadgen")
 app.command()(fidelity)
 app.command()(gateway)
+app.command()(train)
 app.command()(emulate)
 
 

@@ -96,3 +96,16 @@ def _llm(arg: str | None) -> Controller:
 
 
 register_prefix("llm", _llm)
+
+
+def _sb3(algo: str) -> Callable[[str | None], Controller]:
+    def make(arg: str | None) -> Controller:
+        from admit.agents.sb3_policy import make_sb3_policy  # imported on use: it needs torch
+
+        return make_sb3_policy(algo, arg)
+
+    return make
+
+
+for _algo in ("ppo", "a2c", "dqn", "sac"):
+    register_prefix(_algo, _sb3(_algo))

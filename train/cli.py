@@ -1,0 +1,48 @@
+"""``admit train``: train an SB3 policy (PPO, A2C, DQN, SAC) on a scenario and write a loadable run folder.
+
+Registered in admit/cli.py; stable-baselines3 and torch are imported only when the command runs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def train(
+    algo: str | None = typer.Option(None, help="ppo | a2c | dqn | sac (overrides the config file; default ppo)"),
+    scenario: str | None = typer.Option(None, help="bundled scenario name or path to a scenario YAML"),
+    timesteps: int | None = typer.Option(None, help="env steps to train for (default 100000)"),
+    n_envs: int | None = typer.Option(None, "--n-envs", help="parallel envs (default 4)"),
+    seed: int | None = typer.Option(None, help="run seed: algorithm and training-workload seeds (default 0)"),
+    config: Path | None = typer.Option(None, help="training config YAML (schema: admit.train.config)"),
+    out: Path = typer.Option(..., help="run folder, e.g. runs/NAME/"),
+    progress: bool = typer.Option(True, help="show a progress bar"),
+) -> None:
+    """Train a policy; writes model.zip, vecnormalize.pkl, config.yaml, TensorBoard logs, checkpoints."""
+    from admit.envs.scenario import ScenarioError
+    from admit.train.config import TrainConfigError, load_config
+
+    try:
+        cfg = load_config(config, algo=algo, scenario=scenario, timesteps=timesteps, n_envs=n_envs, seed=seed)
+        from admit.envs.scenario import load_scenario
+
+        load_scenario(cfg.scenario)  # fail before importing torch
+    except (TrainConfigError, ScenarioError) as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+    from admit.train.trainer import train as run_train
+
+    summary = run_train(cfg, out, progress=progress)
+    typer.echo(
+        f"trained {summary['algo']} on {summary['scenario']}: {summary['timesteps']} steps in "
+        f"{summary['wall_s']:.1f} s ({summary['env_steps_per_s']:.0f} steps/s)"
+    )
+    if "validation_return_best" in summary:
+        typer.echo(
+            f"validation return: last {summary['validation_return_last']:.1f}, "
+            f"best {summary['validation_return_best']:.1f}"
+        )
+    typer.echo(f"wrote {out}/ (evaluate with --policy {summary['algo']}:{out})")

@@ -1,0 +1,220 @@
+"""Training configuration: a typed schema for ``admit train``, loaded from YAML and written back resolved.
+
+Every key has a default, so an empty file is valid; the command line's ``--algo``, ``--scenario``,
+``--timesteps``, ``--n-envs`` and ``--seed`` override the file. ``hyperparams`` holds the chosen
+algorithm's constructor arguments and is checked against that algorithm's schema below (PPOParams, ...);
+a bad key or value raises ``TrainConfigError`` naming the key and what is allowed. Example::
+
+    algo: ppo
+    scenario: seed-paper
+    timesteps: 200000
+    n_envs: 4
+    seed: 0
+    vec_env: dummy
+    hyperparams: {n_steps: 512, batch_size: 256, n_epochs: 5, learning_rate: 0.0003}
+    policy: {net_arch: [64, 64], activation: tanh}
+    eval: {freq: 20000, episodes: 4}
+    checkpoint_freq: 50000
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+Algo = Literal["ppo", "a2c", "dqn", "sac"]
+ALGOS: tuple[str, ...] = ("ppo", "a2c", "dqn", "sac")
+
+
+class TrainConfigError(ValueError):
+    """A training configuration is invalid; the message names the key and what is allowed."""
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+# ------------------------------------------------------------------ per-algorithm hyperparameters
+class PPOParams(_Model):
+    learning_rate: float = Field(default=3e-4, gt=0)
+    n_steps: int = Field(default=512, ge=2)
+    batch_size: int = Field(default=256, ge=2)
+    n_epochs: int = Field(default=5, ge=1)
+    gamma: float = Field(default=0.99, gt=0, le=1)
+    gae_lambda: float = Field(default=0.95, ge=0, le=1)
+    clip_range: float = Field(default=0.2, gt=0)
+    ent_coef: float = Field(default=0.0, ge=0)
+    vf_coef: float = Field(default=0.5, ge=0)
+    max_grad_norm: float = Field(default=0.5, gt=0)
+
+
+class A2CParams(_Model):
+    learning_rate: float = Field(default=7e-4, gt=0)
+    n_steps: int = Field(default=5, ge=1)
+    gamma: float = Field(default=0.99, gt=0, le=1)
+    gae_lambda: float = Field(default=1.0, ge=0, le=1)
+    ent_coef: float = Field(default=0.0, ge=0)
+    vf_coef: float = Field(default=0.5, ge=0)
+    max_grad_norm: float = Field(default=0.5, gt=0)
+
+
+class DQNParams(_Model):
+    learning_rate: float = Field(default=1e-4, gt=0)
+    buffer_size: int = Field(default=100_000, ge=1)
+    learning_starts: int = Field(default=1_000, ge=0)
+    batch_size: int = Field(default=64, ge=1)
+    gamma: float = Field(default=0.99, gt=0, le=1)
+    train_freq: int = Field(default=4, ge=1)
+    gradient_steps: int = Field(default=1, ge=1)
+    target_update_interval: int = Field(default=1_000, ge=1)
+    exploration_fraction: float = Field(default=0.2, gt=0, le=1)
+    exploration_final_eps: float = Field(default=0.05, ge=0, le=1)
+
+
+class SACParams(_Model):
+    learning_rate: float = Field(default=3e-4, gt=0)
+    buffer_size: int = Field(default=100_000, ge=1)
+    learning_starts: int = Field(default=1_000, ge=0)
+    batch_size: int = Field(default=128, ge=1)
+    gamma: float = Field(default=0.99, gt=0, le=1)
+    tau: float = Field(default=0.005, gt=0, le=1)
+    train_freq: int = Field(default=1, ge=1)
+    gradient_steps: int = Field(default=1, ge=1)
+
+
+HYPERPARAMS: dict[str, type[_Model]] = {"ppo": PPOParams, "a2c": A2CParams, "dqn": DQNParams, "sac": SACParams}
+
+
+# ------------------------------------------------------------------ the rest of the run
+class PolicyConfig(_Model):
+    net_arch: list[int] = Field(default=[64, 64], min_length=1)
+    activation: Literal["tanh", "relu"] = "tanh"
+
+    @model_validator(mode="after")
+    def _positive(self) -> PolicyConfig:
+        if any(w < 1 for w in self.net_arch):
+            raise ValueError(f"net_arch layer widths must be >= 1, got {self.net_arch}")
+        return self
+
+
+class NormalizeConfig(_Model):
+    """VecNormalize: running mean/std of observations (kept with the policy) and of returns (training only)."""
+
+    obs: bool = True
+    reward: bool = True
+    clip_obs: float = Field(default=10.0, gt=0)
+
+
+class EvalConfig(_Model):
+    """The EvalCallback: every ``freq`` env steps, ``episodes`` episodes on validation seeds."""
+
+    freq: int = Field(default=20_000, ge=0, description="env steps between evaluations; 0 = off")
+    episodes: int = Field(default=4, ge=1)
+    seed_base: int = Field(default=500_000, ge=20)
+
+
+class TrainConfig(_Model):
+    algo: Algo = "ppo"
+    scenario: str = "seed-paper"
+    timesteps: int = Field(default=100_000, ge=1)
+    n_envs: int = Field(default=4, ge=1, le=64)
+    seed: int = Field(default=0, ge=0, le=1_000_000)
+    vec_env: Literal["dummy", "subproc"] = "dummy"
+    torch_threads: int = Field(default=1, ge=1)
+    hyperparams: dict[str, Any] = Field(default_factory=dict, description="checked against HYPERPARAMS[algo]")
+    policy: PolicyConfig = PolicyConfig()
+    normalize: NormalizeConfig = NormalizeConfig()
+    eval: EvalConfig = EvalConfig()
+    checkpoint_freq: int = Field(default=50_000, ge=0, description="env steps between checkpoints; 0 = off")
+
+    def algo_params(self) -> dict[str, Any]:
+        """The algorithm's hyperparameters with defaults filled in."""
+        return HYPERPARAMS[self.algo].model_validate(self.hyperparams).model_dump()
+
+    def resolved(self) -> dict[str, Any]:
+        """Everything, defaults included, as plain data (what ``config.yaml`` in the run folder holds)."""
+        data = self.model_dump(mode="json")
+        data["hyperparams"] = self.algo_params()
+        return data
+
+
+def _message(e: dict[str, Any]) -> str:
+    if e["type"] == "extra_forbidden":
+        return "unknown key"
+    return str(e["msg"]).removeprefix("Value error, ")
+
+
+def _allowed_keys(loc: tuple[Any, ...]) -> str:
+    """The keys allowed next to an unknown key at ``loc`` (top level or one of the nested sections)."""
+    sections: dict[tuple[Any, ...], type[BaseModel]] = {
+        (): TrainConfig,
+        ("policy",): PolicyConfig,
+        ("normalize",): NormalizeConfig,
+        ("eval",): EvalConfig,
+    }
+    model = sections.get(tuple(loc[:-1]))
+    return f"; allowed: {', '.join(model.model_fields)}" if model is not None else ""
+
+
+def _format_errors(err: ValidationError, prefix: tuple[str, ...] = ()) -> list[str]:
+    lines = []
+    for e in err.errors():
+        msg = _message(e)
+        if e["type"] == "extra_forbidden" and not prefix:
+            msg += _allowed_keys(e["loc"])
+        lines.append(f"  {'.'.join(str(x) for x in (*prefix, *e['loc'])) or '(top level)'}: {msg}")
+    return lines
+
+
+def _hyperparam_errors(cfg: TrainConfig) -> list[str]:
+    schema = HYPERPARAMS[cfg.algo]
+    allowed = ", ".join(schema.model_fields)
+    try:
+        schema.model_validate(cfg.hyperparams)
+    except ValidationError as e:
+        return [
+            line + (f" for algo {cfg.algo!r}; allowed: {allowed}" if line.endswith("unknown key") else "")
+            for line in _format_errors(e, ("hyperparams",))
+        ]
+    return []
+
+
+def parse_config(data: object, origin: str = "<dict>") -> TrainConfig:
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise TrainConfigError(f"training config {origin}: expected a mapping, got {type(data).__name__}")
+    try:
+        cfg = TrainConfig.model_validate(data)
+    except ValidationError as e:
+        raise TrainConfigError(f"training config {origin} is invalid:\n" + "\n".join(_format_errors(e))) from None
+    errors = _hyperparam_errors(cfg)
+    if errors:
+        raise TrainConfigError(f"training config {origin} is invalid:\n" + "\n".join(errors))
+    return cfg
+
+
+def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
+    """Read a YAML file (or start from defaults) and apply the non-None ``overrides`` (top-level keys)."""
+    data: Any = {}
+    origin = "<defaults>"
+    if path is not None:
+        origin = str(path)
+        p = Path(path)
+        if not p.is_file():
+            raise TrainConfigError(f"training config {origin}: no such file")
+        try:
+            data = yaml.safe_load(p.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise TrainConfigError(f"training config {origin}: not valid YAML: {e}") from None
+        if not isinstance(data, dict):
+            raise TrainConfigError(f"training config {origin}: expected a mapping, got {type(data).__name__}")
+    data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
+    return parse_config(data, origin)
+
+
+def write_config(cfg: TrainConfig, path: str | Path) -> None:
+    Path(path).write_text(yaml.safe_dump(cfg.resolved(), sort_keys=False))

@@ -1,0 +1,169 @@
+"""Train an SB3 policy on TenantAdmission-v0 and write everything ``admit evaluate`` needs to run it.
+
+``train(cfg, out)`` writes into ``out``::
+
+    model.zip              the final SB3 model (loaded by ``--policy ALGO:out``)
+    vecnormalize.pkl       VecNormalize statistics (observation mean/var; the policy reuses them frozen)
+    config.yaml            the resolved TrainConfig, defaults included
+    scenario.yaml          the scenario as trained on (provenance: a bundled scenario may change later)
+    summary.json           wall time, env steps/s, last validation score
+    tb/                    TensorBoard event files (SB3's own scalars and admit.train.callbacks' episode/*)
+    checkpoints/           model_<steps>_steps.zip + model_vecnormalize_<steps>_steps.pkl every checkpoint_freq
+    best/                  best_model.zip + vecnormalize.pkl, the best validation score (EvalCallback)
+    eval/evaluations.npz   validation returns per evaluation
+
+Seeds: the algorithm (torch, numpy, action-space sampling) is seeded with ``cfg.seed``; the workload of
+episode j in training env i is drawn from ``1_000_000 + 1000·seed + i + n_envs·j`` and the validation
+episodes from ``eval.seed_base + j`` (admit.train.wrappers), all disjoint from the evaluation seeds 0..19.
+With ``n_envs`` and the machine fixed, the same config gives the same final parameters.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import gymnasium as gym
+import torch
+import yaml
+from admit.agents.action_codec import ActionKind
+from admit.envs.env import TenantAdmissionEnv
+from admit.envs.scenario import Scenario, load_scenario
+from admit.train.callbacks import EpisodeMetricsLogger, RichProgress, SaveVecNormalize, SeededEvalCallback
+from admit.train.config import TrainConfig, write_config
+from admit.train.wrappers import AlgoAction, EpisodeSeeds, train_episode_seed_base
+from stable_baselines3 import A2C, DQN, PPO, SAC
+from stable_baselines3.common.base_class import BaseAlgorithm
+from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback
+from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv, VecEnv, VecMonitor, VecNormalize
+
+ALGORITHMS: dict[str, type[BaseAlgorithm]] = {"ppo": PPO, "a2c": A2C, "dqn": DQN, "sac": SAC}
+ACTION_KIND: dict[str, ActionKind] = {"ppo": "multidiscrete", "a2c": "multidiscrete", "dqn": "discrete", "sac": "box"}
+ACTIVATIONS: dict[str, type[torch.nn.Module]] = {"tanh": torch.nn.Tanh, "relu": torch.nn.ReLU}
+
+MODEL_FILE = "model.zip"
+VECNORMALIZE_FILE = "vecnormalize.pkl"
+CONFIG_FILE = "config.yaml"
+
+
+def env_factory(scenario: Scenario, kind: ActionKind, seed_base: int, seed_stride: int) -> Callable[[], gym.Env]:
+    """A picklable constructor of one wrapped env (SubprocVecEnv sends it to a worker process)."""
+
+    def make() -> gym.Env:
+        env: gym.Env = TenantAdmissionEnv(scenario)
+        if kind != "multidiscrete":
+            env = AlgoAction(env, kind)
+        return EpisodeSeeds(env, seed_base, seed_stride)
+
+    return make
+
+
+def make_vec_env(cfg: TrainConfig, scenario: Scenario) -> VecNormalize:
+    """The training envs: n_envs seeded envs → VecMonitor → VecNormalize (obs and, if set, reward)."""
+    kind = ACTION_KIND[cfg.algo]
+    fns = [env_factory(scenario, kind, train_episode_seed_base(cfg.seed, i), cfg.n_envs) for i in range(cfg.n_envs)]
+    venv: VecEnv = SubprocVecEnv(fns) if cfg.vec_env == "subproc" and cfg.n_envs > 1 else DummyVecEnv(fns)
+    n = cfg.normalize
+    return VecNormalize(
+        VecMonitor(venv), norm_obs=n.obs, norm_reward=n.reward, clip_obs=n.clip_obs, gamma=_gamma(cfg)
+    )
+
+
+def make_eval_env(cfg: TrainConfig, scenario: Scenario) -> VecNormalize:
+    """One validation env on seeds eval.seed_base + j; frozen normalisation, raw rewards."""
+    fn = env_factory(scenario, ACTION_KIND[cfg.algo], cfg.eval.seed_base, 1)
+    n = cfg.normalize
+    return VecNormalize(
+        VecMonitor(DummyVecEnv([fn])), training=False, norm_obs=n.obs, norm_reward=False, clip_obs=n.clip_obs
+    )
+
+
+def _gamma(cfg: TrainConfig) -> float:
+    return float(cfg.algo_params()["gamma"])
+
+
+def build_model(cfg: TrainConfig, venv: VecEnv, tensorboard_dir: Path | None) -> BaseAlgorithm:
+    policy_kwargs: dict[str, Any] = {
+        "net_arch": list(cfg.policy.net_arch),
+        "activation_fn": ACTIVATIONS[cfg.policy.activation],
+    }
+    return ALGORITHMS[cfg.algo](
+        "MlpPolicy",
+        venv,
+        seed=cfg.seed,
+        device="cpu",
+        verbose=0,
+        tensorboard_log=str(tensorboard_dir) if tensorboard_dir is not None else None,
+        policy_kwargs=policy_kwargs,
+        **cfg.algo_params(),
+    )
+
+
+def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str, Any]:
+    """Run one training; returns the summary that is also written to ``out/summary.json``."""
+    torch.set_num_threads(cfg.torch_threads)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    scenario = load_scenario(cfg.scenario)
+    write_config(cfg, out / CONFIG_FILE)
+    (out / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
+
+    venv = make_vec_env(cfg, scenario)
+    model = build_model(cfg, venv, out / "tb")
+    callbacks: list[BaseCallback] = [EpisodeMetricsLogger()]
+    steps_per_call = cfg.n_envs
+    if cfg.checkpoint_freq > 0:
+        callbacks.append(
+            CheckpointCallback(
+                save_freq=max(cfg.checkpoint_freq // steps_per_call, 1),
+                save_path=str(out / "checkpoints"),
+                name_prefix="model",
+                save_vecnormalize=True,
+            )
+        )
+    eval_env = None
+    if cfg.eval.freq > 0:
+        eval_env = make_eval_env(cfg, scenario)
+        callbacks.append(
+            SeededEvalCallback(
+                eval_env,
+                n_eval_episodes=cfg.eval.episodes,
+                eval_freq=max(cfg.eval.freq // steps_per_call, 1),
+                best_model_save_path=str(out / "best"),
+                log_path=str(out / "eval"),
+                deterministic=True,
+                callback_on_new_best=SaveVecNormalize(out / "best" / VECNORMALIZE_FILE),
+                verbose=0,
+            )
+        )
+    if progress:
+        callbacks.append(RichProgress())
+
+    start = time.perf_counter()
+    try:
+        model.learn(total_timesteps=cfg.timesteps, callback=callbacks, tb_log_name="run", reset_num_timesteps=True)
+    finally:
+        wall = time.perf_counter() - start
+        venv.close()
+        if eval_env is not None:
+            eval_env.close()
+    model.save(str(out / MODEL_FILE))
+    venv.save(str(out / VECNORMALIZE_FILE))
+    summary: dict[str, Any] = {
+        "algo": cfg.algo,
+        "scenario": scenario.name,
+        "timesteps": int(model.num_timesteps),
+        "wall_s": wall,
+        "env_steps_per_s": model.num_timesteps / wall if wall > 0 else float("nan"),
+        "n_envs": cfg.n_envs,
+        "vec_env": cfg.vec_env,
+    }
+    eval_cb = next((c for c in callbacks if isinstance(c, SeededEvalCallback)), None)
+    if eval_cb is not None and eval_cb.evaluations_results:
+        summary["validation_return_last"] = float(sum(eval_cb.evaluations_results[-1]) / cfg.eval.episodes)
+        summary["validation_return_best"] = float(eval_cb.best_mean_reward)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
+    return summary
