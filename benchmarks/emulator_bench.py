@@ -47,6 +47,7 @@ class Sample:
     last: float
     tokens: int
     prompt_words: int
+    worker: int
 
 
 class StreamClient(asyncio.Protocol):
@@ -123,7 +124,7 @@ def _payload(model: str, prompt_words: int, max_tokens: int, seq: int) -> bytes:
     return head.encode() + b"Content-Length: %d\r\n\r\n" % len(body) + body
 
 
-async def _worker(host: str, port: int, model: str, level: int, start_at: float, stop_at: float,
+async def _worker(worker: int, host: str, port: int, model: str, level: int, start_at: float, stop_at: float,
                   args: argparse.Namespace, rng: random.Random, out: list[Sample]) -> None:  # fmt: skip
     loop = asyncio.get_running_loop()
     await asyncio.sleep(max(0.0, start_at - time.monotonic()))
@@ -135,7 +136,7 @@ async def _worker(host: str, port: int, model: str, level: int, start_at: float,
         ot = rng.randint(args.output_min, args.output_max)
         seq += 1
         await proto.start(_payload(model, pw, ot, seq), ot)
-        out.append(Sample(proto.rid, level, proto.sent, proto.first, proto.last, ot, pw))
+        out.append(Sample(proto.rid, level, proto.sent, proto.first, proto.last, ot, pw, worker))
     transport.close()
 
 
@@ -147,10 +148,10 @@ async def run_level(
     rng = random.Random(args.seed * 1000 + level)
     t0 = time.monotonic() + 0.2
     stop = t0 + args.duration
-    await asyncio.gather(*[
-        _worker(host, port, model, level, t0 + args.ramp * i / level, stop, args, random.Random(rng.random()), samples)
-        for i in range(level)
-    ])  # fmt: skip
+    starts = [t0 + args.ramp * i / level for i in range(level)]
+    rngs = [random.Random(rng.random()) for _ in range(level)]
+    await asyncio.gather(*[_worker(i, host, port, model, level, starts[i], stop, args, rngs[i], samples)
+                           for i in range(level)])  # fmt: skip
     return t0, samples
 
 
@@ -185,13 +186,31 @@ def _cpu_seconds(pid: int) -> float:
     return (int(parts[11]) + int(parts[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _runqueue_wait(pid: int) -> float:
+    """Seconds the process's threads have waited for a CPU while runnable (/proc/PID/schedstat)."""
+    total = 0.0
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            total += int(f.read().split()[1]) / 1e9
+    return total
+
+
 def _stats(x: np.ndarray) -> dict[str, float]:
     return {"mean": float(x.mean()), "p50": float(np.percentile(x, 50)), "p90": float(np.percentile(x, 90)),
             "p99": float(np.percentile(x, 99))}  # fmt: skip
 
 
-def summarize(level: int, t0: float, samples: list[Sample], model_rows: dict[int, dict[str, float]],
-              args: argparse.Namespace, server_cpu: float, client_cpu: float) -> dict[str, object]:  # fmt: skip
+def summarize(
+    level: int,
+    t0: float,
+    samples: list[Sample],
+    model_rows: dict[int, dict[str, float]],
+    args: argparse.Namespace,
+    server_cpu: float,
+    client_cpu: float,
+    wait: float,
+) -> dict[str, Any]:
+    """One level's figures; ``wait`` is the server's run-queue wait over the level."""
     pairs = [(s, model_rows[s.rid]) for s in samples if s.sent >= t0 + args.warmup and s.rid in model_rows]
     c_ttft = np.array([s.first - s.sent for s, _ in pairs])
     m_ttft = np.array([m["first_token"] - m["arrival"] for _, m in pairs])
@@ -209,6 +228,8 @@ def summarize(level: int, t0: float, samples: list[Sample], model_rows: dict[int
         "send_lag_ms": _stats(np.array([m["arrival"] - s.sent for s, m in pairs]) * 1e3),
         "delivery_lag_ms": _stats(np.array([s.first - m["first_token"] for s, m in pairs]) * 1e3),
         "server_cpu_s_per_s": server_cpu / args.duration, "client_cpu_s_per_s": client_cpu / args.duration,
+        # time the server was runnable but had no CPU (other processes on the core): the starvation signal
+        "server_runqueue_wait_s_per_s": wait / args.duration,
     }  # fmt: skip
 
 
@@ -224,7 +245,8 @@ def _print(rows: list[dict[str, Any]]) -> None:
         tpot = f"{cp['mean'] * 1e3:6.2f} / {mp['mean'] * 1e3:6.2f},{r['tpot_ratio_mean']:.3f} {r['tpot_ratio_p50']:.3f}"
         print(f"{r['streams']:>7} {r['requests']:>5} {r['tokens_per_s']:>6.0f} | {ttft} | {tpot} | "
               f"{sl['p50']:5.2f} / {sl['p99']:6.2f} | {dl['p50']:5.2f} / {dl['p99']:6.2f} | "
-              f"{r['server_cpu_s_per_s']:.2f} {r['client_cpu_s_per_s']:.2f}")  # fmt: skip
+              f"{r['server_cpu_s_per_s']:.2f} {r['client_cpu_s_per_s']:.2f} | "
+              f"{r['server_runqueue_wait_s_per_s']:.2f}")  # fmt: skip
 
 
 def main() -> None:
@@ -252,20 +274,21 @@ def main() -> None:
         base = f"http://{host}:{port}"
         model = json.loads(_get(base + "/v1/models"))["data"][0]["id"]
         for level in levels:
-            s0, c0 = _cpu_seconds(proc.pid), time.process_time()
+            s0, c0, w0 = _cpu_seconds(proc.pid), time.process_time(), _runqueue_wait(proc.pid)
             t0, samples = uvloop.run(run_level(host, port, model, level, args))
-            runs.append((level, t0, samples, _cpu_seconds(proc.pid) - s0, time.process_time() - c0))
+            runs.append((level, t0, samples, _cpu_seconds(proc.pid) - s0, time.process_time() - c0,
+                         _runqueue_wait(proc.pid) - w0))  # fmt: skip
         dbg = json.loads(_get(base + "/debug/requests"))
     finally:
         proc.terminate()
         proc.wait(timeout=10)
     model_rows = {row[0]: dict(zip(dbg["fields"], row, strict=True)) for row in dbg["rows"]}
-    rows = [summarize(level, t0, samples, model_rows, args, scpu, ccpu) for level, t0, samples, scpu, ccpu in runs]
+    rows = [summarize(*run[:3], model_rows, args, *run[3:]) for run in runs]
     _print(rows)
     print("engine-loop event lateness (s):", dbg["event_lateness_s"])
     if args.out:
         with open(args.out, "w") as f:
-            json.dump({"args": {k: v for k, v in vars(args).items()}, "levels": rows,
+            json.dump({"args": vars(args), "load_average": os.getloadavg(), "levels": rows,
                        "event_lateness_s": dbg["event_lateness_s"]}, f, indent=2)  # fmt: skip
 
 
