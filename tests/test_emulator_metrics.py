@@ -122,7 +122,9 @@ def test_running_plus_waiting_equals_requests_in_the_engine(emu: Emulator) -> No
         running = emu.value("vllm:num_requests_running")
         waiting = emu.value("vllm:num_requests_waiting")
         assert running + waiting == 5
-        assert running == 1  # the first started a step that cannot end while paused; the rest wait for it
+        # the first arrival started a step that cannot end while paused (others read in the same loop turn
+        # may have joined it); the rest wait for its end
+        assert running >= 1
         assert emu.value("vllm:kv_cache_usage_perc") > 0
     finally:
         emu.json("POST", "/admin/faults", {"paused": False})
