@@ -21,6 +21,7 @@ demo: $(STAMP)
 		--seeds 20 --out results/seed-paper.json --plot results/seed-paper.png
 
 test: $(STAMP)
+	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)  # gateway Redis tests
 	$(BIN)/ruff check .
 	$(BIN)/python -m pytest -q
 

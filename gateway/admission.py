@@ -16,17 +16,19 @@ from typing import Any, Protocol
 QUEUE_FULL = "queue-full"
 TTL_EXPIRED = "ttl-expired"
 ENVELOPE_EMPTY = "envelope-empty"
-REASONS = (QUEUE_FULL, TTL_EXPIRED, ENVELOPE_EMPTY)
+ADMISSION_UNAVAILABLE = "admission-unavailable"  # the shared state (Redis) is unreachable and we fail closed
+REASONS = (QUEUE_FULL, TTL_EXPIRED, ENVELOPE_EMPTY, ADMISSION_UNAVAILABLE)
 
 
 class Deferred(Exception):
-    """The request is deferred: answer 429 with ``Retry-After`` and ``reason``."""
+    """The request is deferred: answer ``status`` (429, or 503 when admission itself is unavailable)."""
 
-    def __init__(self, reason: str, retry_after_s: float, detail: str = "") -> None:
+    def __init__(self, reason: str, retry_after_s: float, detail: str = "", status: int = 429) -> None:
         super().__init__(reason)
         self.reason = reason
         self.retry_after_s = retry_after_s
         self.detail = detail
+        self.status = status
 
 
 @dataclass(slots=True)

@@ -119,11 +119,22 @@ class Gateway:
 
     # ----------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
+        if self._admission is None and self.cfg.redis is not None:
+            from admit.gateway.redis_admission import RedisAdmission  # imported on use: it needs redis-py
+            from admit.gateway.redis_metrics import RedisCollector
+
+            shared = RedisAdmission(self.cfg.tenants, self.cfg.redis)
+            await shared.start()
+            self.metrics.registry.register(RedisCollector(shared))
+            self._admission = shared
         if self._admission is None:
             self._admission = LocalAdmission(self.cfg.tenants, self.cfg.capacity)
         await self.upstream.start()
 
     async def shutdown(self) -> None:
+        close = getattr(self._admission, "close", None)
+        if close is not None:
+            await close()
         await self.upstream.close()
         self.request_log.close()
         self.audit_log.close()
@@ -239,7 +250,7 @@ class Gateway:
             if charge is not None:
                 self.book.refund(charge, self.clock())
             self.metrics.deferred.labels(name, d.reason).inc()
-            await self._fail(send, rec, HttpError(429, d.reason, d.detail or d.reason, d.retry_after_s), False)
+            await self._fail(send, rec, HttpError(d.status, d.reason, d.detail or d.reason, d.retry_after_s), False)
             return
         except asyncio.CancelledError:
             if charge is not None:

@@ -8,6 +8,7 @@ Example::
     max_body_bytes: 1048576
     request_log: gateway-requests.jsonl
     audit_log: gateway-audit.jsonl
+    redis: {url: "redis://127.0.0.1:6379/0", failure_mode: closed}   # optional: state shared by replicas
     tenants:
       - name: chat
         api_keys: [sk-chat-1]
@@ -127,6 +128,18 @@ class AdminConfig(_Strict):
         return self.token
 
 
+class RedisConfig(_Strict):
+    """Shared admission state for several gateway replicas (gateway/redis_admission.py, docs/gateway.md)."""
+
+    url: str = Field(default="redis://127.0.0.1:6379/0", pattern=r"^(redis|rediss|unix)://")
+    prefix: str = Field(default="admit", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")
+    failure_mode: Literal["open", "closed"] = "closed"
+    lease_ttl_s: float = Field(default=30.0, ge=1)
+    timeout_s: float = Field(default=0.5, gt=0)
+    poll_s: float = Field(default=0.05, gt=0)
+    retry_after_s: float = Field(default=1.0, ge=0)
+
+
 class GatewayConfig(_Strict):
     auth: AuthConfig = AuthConfig()
     admin: AdminConfig = AdminConfig()
@@ -136,6 +149,7 @@ class GatewayConfig(_Strict):
     no_backend_retry_after_s: float = Field(default=1.0, ge=0)
     request_log: Path | None = None
     audit_log: Path | None = None
+    redis: RedisConfig | None = None
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
 
     @model_validator(mode="after")
@@ -153,6 +167,8 @@ class GatewayConfig(_Strict):
                 raise ValueError(f"auth.mode api_key: tenant(s) without api_keys: {', '.join(missing)}")
         if self.capacity is None and any(t.borrow for t in self.tenants):
             raise ValueError("borrow needs a global 'capacity' to borrow from")
+        if self.redis is not None and self.capacity is not None:
+            raise ValueError("capacity (work-conserving sharing) is in-process only; it cannot be used with redis")
         return self
 
     def key_index(self) -> dict[bytes, int]:

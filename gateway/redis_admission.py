@@ -1,0 +1,435 @@
+"""Admission state shared by several gateway replicas on Redis: concurrency leases with expiry.
+
+Every admitted request holds a *lease* in Redis (gateway/redis_scripts.py): a member of its tenant's sorted
+set whose score is an expiry in server time. Taking one is a single Lua script that drops expired leases,
+reads the tenant's shared limit and adds the lease only below it, so the replicas together never pass the
+limit. A replica renews the leases of its running requests every ``lease_ttl_s / 3``; a replica that
+crashes stops renewing and its slots come back ``lease_ttl_s`` later.
+
+**Queueing** is per replica: each replica keeps the tenant's FIFO queue (``max_queue``, ``queue_ttl_s``)
+for its own clients, and the head of that queue retries when a slot of this replica frees, when a limit
+changes, and every ``poll_s`` (a slot freed by another replica). Fairness across replicas is therefore
+approximate: whichever replica's head asks first after a slot frees gets it, and a tenant may have up to
+``replicas x max_queue`` requests queued. The limit itself is exact.
+
+**When Redis is unreachable** (a command fails or times out after ``timeout_s``) the backend marks the
+state *down*, counts it, and probes every ``poll_s`` until a PING answers:
+
+* ``failure_mode: closed`` — new requests are answered 503 ``admission-unavailable`` with Retry-After;
+  requests already queued keep waiting (their TTL still applies) and are served when Redis is back.
+* ``failure_mode: open`` — each replica enforces every tenant's limit *on its own* (its local count of
+  requests in flight), so the backend sees at most ``replicas x limit`` per tenant, never an unbounded flood.
+
+Releases that fail are kept and sent again when Redis answers; then every lease still running here
+(including those admitted open during the outage) is written back, so the shared count is right again and
+the limit holds from there on. No slot leaks either way: a lease is released by its id, idempotently.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import os
+import uuid
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import redis.asyncio as aioredis
+from admit.gateway.admission import ADMISSION_UNAVAILABLE, QUEUE_FULL, TTL_EXPIRED, Deferred, Lease
+from admit.gateway.config import RedisConfig, TenantConfig
+from admit.gateway.redis_scripts import ACQUIRE, READ, RELEASE, RENEW, SET_LIMIT
+from redis.asyncio.retry import Retry
+from redis.backoff import NoBackoff
+from redis.exceptions import RedisError
+
+log = logging.getLogger("admit.gateway.redis")
+_EMA = 0.2
+_ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+
+
+@dataclass(slots=True)
+class RedisLease(Lease):
+    id: str = ""
+
+
+@dataclass
+class RedisStats:
+    """Counters of the shared-state machinery (exported as metrics and in /admin/state)."""
+
+    errors: int = 0  # Redis commands that failed or timed out
+    outages: int = 0  # up -> down transitions
+    recoveries: int = 0  # down -> up transitions
+    leases_expired: int = 0  # leases dropped by Redis because nobody renewed them (a replica died or stalled)
+    leases_restored: int = 0  # leases of running requests written back after an outage or expiry
+    releases_retried: int = 0  # releases that failed and were sent again after Redis returned
+    fail_open_admitted: list[int] = field(default_factory=list)  # per tenant
+    fail_closed_deferred: list[int] = field(default_factory=list)  # per tenant
+
+
+class _Waiter:
+    __slots__ = ("fut", "since")
+
+    def __init__(self, fut: asyncio.Future[RedisLease], since: float) -> None:
+        self.fut = fut
+        self.since = since
+
+
+class RedisAdmission:
+    def __init__(self, tenants: Sequence[TenantConfig], cfg: RedisConfig, replica: str | None = None) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.cfg = cfg
+        self.replica = replica or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        self.names = [t.name for t in tenants]
+        self.n_tenants = len(tenants)
+        self.nominal = [t.limit for t in tenants]
+        self.priority = [t.priority for t in tenants]
+        self.ttl = [t.queue_ttl_s for t in tenants]
+        self.max_queue = [t.max_queue for t in tenants]
+        self.hold_s = [1.0] * self.n_tenants
+        self.queue_full = [0] * self.n_tenants
+        self.ttl_expired = [0] * self.n_tenants
+        self.cancelled = [0] * self.n_tenants
+        self.admitted = [0] * self.n_tenants
+        self.local = [0] * self.n_tenants  # leases this replica holds (shared or open)
+        self.shared = [0] * self.n_tenants  # leases all replicas hold, as last read from Redis
+        self.queues: list[deque[_Waiter]] = [deque() for _ in tenants]
+        self.live: dict[str, int] = {}  # lease id -> tenant, every lease of this replica not yet released
+        self.pending_release: list[tuple[int, str]] = []
+        self.dirty_limits: set[int] = set()
+        self.up = True
+        self.stats = RedisStats(fail_open_admitted=[0] * self.n_tenants, fail_closed_deferred=[0] * self.n_tenants)
+        self._ids = itertools.count(1)
+        self._ttl_ms = int(cfg.lease_ttl_s * 1000)
+        p = cfg.prefix
+        self._zkeys = [f"{p}:leases:{name}" for name in self.names]
+        self._limits_key = f"{p}:limits"
+        self.r = aioredis.Redis.from_url(
+            cfg.url, socket_timeout=cfg.timeout_s, socket_connect_timeout=cfg.timeout_s,
+            retry=Retry(NoBackoff(), 0), retry_on_timeout=False, decode_responses=True,
+        )
+        self._acquire = self.r.register_script(ACQUIRE)
+        self._release = self.r.register_script(RELEASE)
+        self._renew = self.r.register_script(RENEW)
+        self._set_limit = self.r.register_script(SET_LIMIT)
+        self._read = self.r.register_script(READ)
+        self._kick = [asyncio.Event() for _ in tenants]
+        self._tasks: list[asyncio.Task[None]] = []
+        self._bg: set[asyncio.Task[Any]] = set()
+
+    # ----------------------------------------------------------------- lifecycle
+    async def start(self) -> None:
+        """Seed the shared limits (never overwriting another replica's) and start the background tasks."""
+        try:
+            for name, lim in zip(self.names, self.nominal, strict=True):
+                await self.r.hsetnx(self._limits_key, name, lim)
+            await self._refresh()
+        except _ERRORS as exc:
+            self._down(exc)
+        self._tasks = [asyncio.ensure_future(self._pump(t)) for t in range(self.n_tenants)]
+        self._tasks.append(asyncio.ensure_future(self._maintain()))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        if self.live and self.up:  # a clean stop hands its slots back at once instead of after the TTL
+            with contextlib.suppress(*_ERRORS):
+                for lid, t in list(self.live.items()):
+                    await self._release(keys=[self._zkeys[t]], args=[lid])
+        with contextlib.suppress(*_ERRORS):
+            await self.r.aclose()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    def _down(self, exc: BaseException) -> None:
+        self.stats.errors += 1
+        if self.up:
+            self.up = False
+            self.stats.outages += 1
+            log.warning("redis unreachable (%s): failing %s", type(exc).__name__, self.cfg.failure_mode)
+
+    # ----------------------------------------------------------------- leases
+    async def acquire(self, tenant: int) -> Lease:
+        if not self.queues[tenant]:
+            lease = await self._try(tenant, fresh=True)
+            if lease is not None:
+                return lease
+        q = self.queues[tenant]
+        if len(q) >= self.max_queue[tenant]:
+            self.queue_full[tenant] += 1
+            raise Deferred(QUEUE_FULL, self.retry_estimate(tenant), f"queue of {self.max_queue[tenant]} is full")
+        w = _Waiter(self._loop.create_future(), self._loop.time())
+        q.append(w)
+        self._kick[tenant].set()
+        try:
+            done, _ = await asyncio.wait((w.fut,), timeout=self.ttl[tenant])
+        except asyncio.CancelledError:
+            if w.fut.done() and not w.fut.cancelled() and w.fut.exception() is None:
+                self.release(w.fut.result())  # a slot arrived just as the client left: give it back
+            else:
+                w.fut.cancel()
+                self.cancelled[tenant] += 1
+            with contextlib.suppress(ValueError):
+                q.remove(w)
+            raise
+        if not done:
+            w.fut.cancel()
+            with contextlib.suppress(ValueError):
+                q.remove(w)
+            self.ttl_expired[tenant] += 1
+            raise Deferred(TTL_EXPIRED, self.retry_estimate(tenant), f"waited longer than {self.ttl[tenant]:g} s")
+        lease = w.fut.result()
+        lease.waited_s = self._loop.time() - w.since
+        return lease
+
+    async def _try(self, t: int, fresh: bool = False) -> RedisLease | None:
+        """One attempt at a slot: a shared lease, or the fallback of the failure mode while Redis is down."""
+        if not self.up:
+            return self._fallback(t, fresh)
+        lid = f"{self.replica}:{next(self._ids)}"
+        self.live[lid] = t  # known before the script runs, so a lease granted to a caller that left is found
+        try:
+            got = await self._acquire(keys=[self._zkeys[t], self._limits_key],
+                                      args=[self.names[t], lid, self._ttl_ms, self.nominal[t]])
+        except asyncio.CancelledError:
+            self._forget(t, lid)
+            raise
+        except _ERRORS as exc:
+            self._forget(t, lid)
+            self._down(exc)
+            return self._fallback(t, fresh)
+        granted, holders, limit, expired = (int(x) for x in got)
+        self.stats.leases_expired += expired
+        self.shared[t] = holders
+        if t not in self.dirty_limits:
+            self.nominal[t] = limit
+        if not granted:
+            self.live.pop(lid, None)
+            return None
+        return self._grant(t, lid)
+
+    def _grant(self, t: int, lid: str) -> RedisLease:
+        self.local[t] += 1
+        self.admitted[t] += 1
+        return RedisLease(t, self._loop.time(), 0.0, id=lid)
+
+    def _fallback(self, t: int, fresh: bool) -> RedisLease | None:
+        if self.cfg.failure_mode == "closed":
+            if not fresh:
+                return None  # queued requests wait for Redis (or their TTL)
+            self.stats.fail_closed_deferred[t] += 1
+            raise Deferred(ADMISSION_UNAVAILABLE, self.cfg.retry_after_s, "the shared admission state is unreachable",
+                           status=503)
+        if self.local[t] >= self.nominal[t]:
+            return None
+        lid = f"{self.replica}:{next(self._ids)}"
+        self.live[lid] = t
+        self.stats.fail_open_admitted[t] += 1
+        return self._grant(t, lid)
+
+    def _forget(self, t: int, lid: str) -> None:
+        """A lease whose script may or may not have run: drop it here and make sure Redis drops it too."""
+        if self.live.pop(lid, None) is not None:
+            self._spawn(self._release_remote(t, lid))
+
+    def release(self, lease: Lease) -> None:
+        if lease.released:
+            return
+        lease.released = True
+        t = lease.tenant
+        self.hold_s[t] += _EMA * (self._loop.time() - lease.granted_at - self.hold_s[t])
+        self.local[t] -= 1
+        lid = getattr(lease, "id", "")
+        if self.live.pop(lid, None) is None:
+            return
+        if self.up:
+            self._spawn(self._release_remote(t, lid))
+        else:
+            self.pending_release.append((t, lid))
+            self._kick[t].set()  # fail-open counts locally: the freed local slot is usable at once
+
+    async def _release_remote(self, t: int, lid: str) -> None:
+        try:
+            await self._release(keys=[self._zkeys[t]], args=[lid])
+        except _ERRORS as exc:
+            self.pending_release.append((t, lid))
+            self._down(exc)
+        else:
+            self.shared[t] = max(0, self.shared[t] - 1)
+        self._kick[t].set()
+
+    # ----------------------------------------------------------------- queue pump
+    async def _pump(self, t: int) -> None:
+        """Hand slots to this replica's queued requests of tenant ``t``, head first."""
+        q, kick = self.queues[t], self._kick[t]
+        while True:
+            if not q:
+                await kick.wait()
+            else:
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(kick.wait(), self.cfg.poll_s)
+            kick.clear()
+            while q:
+                w = q[0]
+                if w.fut.done():
+                    q.popleft()
+                    continue
+                try:
+                    lease = await self._try(t)
+                except Deferred:
+                    break
+                if lease is None:
+                    break
+                if q and q[0] is w and not w.fut.done():
+                    q.popleft()
+                    w.fut.set_result(lease)
+                else:  # the head left while we asked: the slot goes to the next one, or back
+                    self.release(lease)
+
+    # ----------------------------------------------------------------- limits
+    def limit(self, tenant: int) -> int:
+        return self.nominal[tenant]
+
+    def set_limit(self, tenant: int, limit: int) -> int:
+        if limit < 0:
+            raise ValueError(f"limit must be >= 0, got {limit}")
+        old, self.nominal[tenant] = self.nominal[tenant], int(limit)
+        self.dirty_limits.add(tenant)
+        self._spawn(self._push_limit(tenant))
+        self._kick[tenant].set()
+        return old
+
+    async def _push_limit(self, t: int) -> None:
+        value = self.nominal[t]
+        try:
+            await self._set_limit(keys=[self._limits_key], args=[self.names[t], value])
+        except _ERRORS as exc:
+            self._down(exc)  # stays dirty: written again when Redis is back
+            return
+        if self.nominal[t] == value:
+            self.dirty_limits.discard(t)
+        self._kick[t].set()
+
+    # ----------------------------------------------------------------- upkeep
+    async def _maintain(self) -> None:
+        """Probe while down; while up renew leases every ttl/3 and refresh the shared view every poll."""
+        renew_every = self.cfg.lease_ttl_s / 3
+        last_renew = self._loop.time()
+        while True:
+            await asyncio.sleep(self.cfg.poll_s if not self.up else max(self.cfg.poll_s, 0.2))
+            try:
+                if not self.up:
+                    await self.r.connection_pool.disconnect()  # pooled sockets to the dead server are stale
+                    await self.r.ping()
+                    await self._recover()
+                    last_renew = self._loop.time()
+                if self._loop.time() - last_renew >= renew_every:
+                    await self._renew_all()
+                    last_renew = self._loop.time()
+                await self._refresh()
+            except _ERRORS as exc:
+                self._down(exc)
+
+    async def _recover(self) -> None:
+        pending, self.pending_release = self.pending_release, []
+        for i, (t, lid) in enumerate(pending):
+            try:
+                await self._release(keys=[self._zkeys[t]], args=[lid])
+            except _ERRORS:
+                self.pending_release.extend(pending[i:])
+                raise
+            self.stats.releases_retried += 1
+        for t in list(self.dirty_limits):
+            await self._push_limit(t)
+        written: set[str] = set()
+        while set(self.live) - written:  # leases granted open while we were writing: write those too
+            written = set(self.live)
+            await self._renew_all()
+        self.up = True  # no await since the last write: every running lease is in Redis from here on
+        for t, lid in self.pending_release:  # released while we were busy above
+            self._spawn(self._release_remote(t, lid))
+        self.pending_release = []
+        self.stats.recoveries += 1
+        log.warning("redis reachable again: %d releases resent, leases renewed", len(pending))
+        for k in self._kick:
+            k.set()
+
+    async def _renew_all(self) -> None:
+        by_tenant: dict[int, list[str]] = {}
+        for lid, t in list(self.live.items()):
+            by_tenant.setdefault(t, []).append(lid)
+        for t, ids in by_tenant.items():
+            added = await self._renew(keys=[self._zkeys[t]], args=[self._ttl_ms, *ids])
+            self.stats.leases_restored += int(added)
+
+    async def _refresh(self) -> None:
+        got = await self._read(keys=[*self._zkeys, self._limits_key], args=self.names)
+        vals = [int(x) for x in got]
+        self.stats.leases_expired += vals[0]
+        for t in range(self.n_tenants):
+            self.shared[t] = vals[1 + 2 * t]
+            lim = vals[2 + 2 * t]
+            if lim >= 0 and t not in self.dirty_limits and lim != self.nominal[t]:
+                self.nominal[t] = lim
+                self._kick[t].set()
+
+    # ----------------------------------------------------------------- state
+    def retry_estimate(self, tenant: int) -> float:
+        lim = max(1, self.nominal[tenant])
+        est = self.hold_s[tenant] * (len(self.queues[tenant]) + 1) / lim
+        return min(max(1.0, est), max(1.0, self.ttl[tenant]))
+
+    def in_flight(self, tenant: int) -> int:
+        return self.local[tenant]
+
+    def queue_depth(self, tenant: int) -> int:
+        return sum(1 for w in self.queues[tenant] if not w.fut.done())
+
+    def snapshot(self) -> dict[str, Any]:
+        tenants = {}
+        for i, name in enumerate(self.names):
+            tenants[name] = {
+                "limit": self.nominal[i],
+                "effective_limit": self.nominal[i],
+                "borrow": 0,
+                "priority": self.priority[i],
+                "in_flight": self.local[i],
+                "shared_in_flight": self.shared[i],
+                "queue_depth": self.queue_depth(i),
+                "max_queue": self.max_queue[i],
+                "queue_ttl_s": self.ttl[i],
+                "admitted": self.admitted[i],
+                "queue_full": self.queue_full[i],
+                "ttl_expired": self.ttl_expired[i],
+                "cancelled_in_queue": self.cancelled[i],
+                "fail_open_admitted": self.stats.fail_open_admitted[i],
+                "fail_closed_deferred": self.stats.fail_closed_deferred[i],
+            }
+        s = self.stats
+        return {
+            "capacity": None,
+            "in_flight": sum(self.local),
+            "tenants": tenants,
+            "redis": {
+                "replica": self.replica,
+                "up": self.up,
+                "failure_mode": self.cfg.failure_mode,
+                "errors": s.errors,
+                "outages": s.outages,
+                "recoveries": s.recoveries,
+                "leases_expired": s.leases_expired,
+                "leases_restored": s.leases_restored,
+                "releases_retried": s.releases_retried,
+                "pending_releases": len(self.pending_release),
+                "leases_held": len(self.live),
+            },
+        }

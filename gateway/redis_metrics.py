@@ -1,0 +1,40 @@
+"""Prometheus view of the Redis admission backend: reachability, fail-open/closed decisions, lease upkeep."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from admit.gateway.metrics import PREFIX
+from admit.gateway.redis_admission import RedisAdmission
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+
+class RedisCollector(Collector):
+    def __init__(self, backend: RedisAdmission) -> None:
+        self.b = backend
+
+    def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
+        b, s = self.b, self.b.stats
+        yield GaugeMetricFamily(PREFIX + "redis_up", "1 while the shared admission state answers", value=float(b.up))
+        yield GaugeMetricFamily(PREFIX + "redis_pending_releases", "releases waiting for Redis to come back",
+                                value=float(len(b.pending_release)))
+        for name, doc, value in (
+            ("redis_errors", "Redis commands that failed or timed out", s.errors),
+            ("redis_outages", "times Redis became unreachable", s.outages),
+            ("redis_leases_expired", "leases Redis dropped because nobody renewed them", s.leases_expired),
+            ("redis_leases_restored", "leases of running requests written back to Redis", s.leases_restored),
+        ):
+            yield CounterMetricFamily(PREFIX + name, doc, value=float(value))
+        shared = GaugeMetricFamily(PREFIX + "shared_in_flight", "leases of all replicas, last read", labels=["tenant"])
+        fo = CounterMetricFamily(PREFIX + "fail_open_admitted", "admitted on the local limit while Redis was down",
+                                 labels=["tenant"])
+        fc = CounterMetricFamily(PREFIX + "fail_closed_deferred", "answered 503 because Redis was down",
+                                 labels=["tenant"])
+        for i, name in enumerate(b.names):
+            shared.add_metric([name], float(b.shared[i]))
+            fo.add_metric([name], float(s.fail_open_admitted[i]))
+            fc.add_metric([name], float(s.fail_closed_deferred[i]))
+        yield shared
+        yield fo
+        yield fc

@@ -1,0 +1,124 @@
+"""The atomic Lua scripts of the Redis admission backend: concurrency leases and GCRA buckets.
+
+Each script runs as one Redis command (EVALSHA through redis-py's ``Script``, which reloads a script that a
+restarted server forgot), so a decision never races another replica: there is no check-then-increment
+window. Time is the server's (``TIME`` inside the script), never a replica's clock. Redis ≥ 5 replicates
+scripts by their effects, which is what allows ``TIME`` before a write.
+
+**Leases.** A tenant's leases are one sorted set: member = lease id (``replica:n``), score = expiry in
+server milliseconds. Every script first drops expired members, so the slots of a crashed replica come back
+``lease_ttl`` after its last renewal. The tenant's limit lives in one hash shared by all replicas; a
+replica passes its own idea of the limit only as the value to seed when the hash has none (a fresh or
+restarted server).
+
+**GCRA.** The arithmetic of gateway/gcra.py, line for line, on TATs kept in server microseconds: with
+``T = 1e6 / rate`` and ``tau = max(T * burst, qty * T)``, ``new_tat = max(tat, now) + qty * T`` is allowed
+iff ``new_tat - tau <= now``. All buckets of a request are checked before any is charged (one script), so a
+deferral spends nothing. A bucket key expires when its bucket is full again. Numbers come back as strings:
+Redis truncates Lua numbers to integers.
+"""
+
+from __future__ import annotations
+
+# KEYS: leases zset, limits hash. ARGV: tenant, lease id, ttl ms, limit to seed when none is stored.
+# Returns {granted 0|1, holders after the decision, limit, expired leases dropped}.
+ACQUIRE = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local dropped = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
+local limit = tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
+if limit == nil then
+  limit = tonumber(ARGV[4])
+  redis.call('HSET', KEYS[2], ARGV[1], limit)
+end
+local n = redis.call('ZCARD', KEYS[1])
+if n < limit then
+  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
+  return {1, n + 1, limit, dropped}
+end
+return {0, n, limit, dropped}
+"""
+
+# KEYS: leases zset. ARGV: lease id. Returns 1 when the lease was held, 0 when it was gone already.
+RELEASE = """
+return redis.call('ZREM', KEYS[1], ARGV[1])
+"""
+
+# KEYS: leases zset. ARGV: ttl ms, lease ids... Extends every lease this replica still runs; a lease that is
+# missing (expired while the replica stalled, or a server that restarted empty) is added back, because its
+# request still occupies the backend. Returns how many were added back.
+RENEW = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local exp = now + tonumber(ARGV[1])
+local added = 0
+for i = 2, #ARGV do
+  added = added + redis.call('ZADD', KEYS[1], exp, ARGV[i])
+end
+return added
+"""
+
+# KEYS: limits hash. ARGV: tenant, limit. Returns the previous limit (or -1).
+SET_LIMIT = """
+local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or -1
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+return old
+"""
+
+# KEYS: leases zsets of every tenant..., then the limits hash. ARGV: tenant names in the same order.
+# Returns {expired dropped in all, holders_1, limit_1 (or -1), holders_2, limit_2, ...}.
+READ = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local out = {0}
+for i = 1, #ARGV do
+  out[1] = out[1] + redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
+  out[#out + 1] = redis.call('ZCARD', KEYS[i])
+  out[#out + 1] = tonumber(redis.call('HGET', KEYS[#KEYS], ARGV[i])) or -1
+end
+return out
+"""
+
+# KEYS: bucket keys. ARGV: rate, burst, qty per bucket (3 values each), then "spend" | "peek" | "refund".
+# Returns {allowed 0|1, index of the bucket that defers (1-based, 0 if none), retry after s, remaining...}.
+GCRA = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1e6 + tonumber(t[2])
+local mode = ARGV[#ARGV]
+local n = #KEYS
+local new = {}
+local rem = {}
+local worst, worst_i = -1, 0
+for i = 1, n do
+  local rate = tonumber(ARGV[3 * i - 2])
+  local burst = tonumber(ARGV[3 * i - 1])
+  local qty = tonumber(ARGV[3 * i])
+  local v = redis.call('GET', KEYS[i])
+  local tat = v and tonumber(v) or now
+  local T = 1e6 / rate
+  if mode == 'refund' then
+    new[i] = math.max(now, tat - qty * T)
+  else
+    local tau = math.max(T * burst, qty * T)
+    new[i] = math.max(tat, now) + qty * T
+    local allow_at = new[i] - tau
+    if allow_at > now and allow_at - now > worst then
+      worst, worst_i = allow_at - now, i
+    end
+  end
+  rem[i] = {tat, rate, burst}
+end
+local allowed = worst < 0 and 1 or 0
+local out = {allowed, worst_i, string.format('%.6f', math.max(worst, 0) / 1e6)}
+for i = 1, n do
+  local tat = rem[i][1]
+  if (allowed == 1 and mode == 'spend') or mode == 'refund' then
+    tat = new[i]
+    local ttl = math.ceil((tat - now) / 1000) + 1000
+    redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', ttl)
+  end
+  local left = rem[i][3] - math.max(0, tat - now) * rem[i][2] / 1e6
+  out[#out + 1] = string.format('%.6f', math.max(0, left))
+end
+return out
+"""
