@@ -63,6 +63,7 @@ class Connection(asyncio.Protocol):
         self._busy = False  # an answer is in progress
         self._parsing = False
         self._keep_alive = True
+        self._continued = False  # sent "100 Continue" for the request being received
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -171,7 +172,11 @@ class Connection(asyncio.Protocol):
             return False
         start = end + 4
         if len(buf) < start + length:
+            if headers.get("expect", "").lower() == "100-continue" and not self._continued:
+                self._continued = True  # curl waits for this before sending a large body
+                self.write(b"HTTP/1.1 100 Continue\r\n\r\n")
             return False
+        self._continued = False
         body = buf[start : start + length]
         self._buf = buf[start + length :]
         conn_hdr = headers.get("connection", "").lower()

@@ -172,3 +172,13 @@ def test_slow_startup_reports_not_ready() -> None:
         assert e.request("GET", "/health")[0] == 200
     finally:
         e.stop()
+
+
+def test_expect_100_continue(emu: Emulator) -> None:
+    body = b'{"prompt": "x", "max_tokens": 2, "ignore_eos": true}'
+    with socket.create_connection(emu.host_port, timeout=10) as s:
+        s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\nContent-Length: %d\r\n\r\n"
+                  % len(body))  # fmt: skip
+        assert _read_until(s, b"\r\n\r\n").startswith(b"HTTP/1.1 100 Continue")
+        s.sendall(body)
+        assert _read_until(s, b'"completion_tokens": 2').startswith(b"HTTP/1.1 200 OK")
