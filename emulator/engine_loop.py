@@ -51,7 +51,6 @@ class _Live:
     sink: Sink
     reason: str  # finish reason when the engine ends it: "length" (max_tokens) or "stop" (drawn EOS)
     max_tokens: int
-    wall_arrival: float
     last_wall: float = math.nan
     emitted: int = 0
 
@@ -78,7 +77,6 @@ class EngineLoop:
         self.metrics = metrics
         self.wall = wall
         self.records: deque[Record] = deque(maxlen=DEBUG_RECORDS)
-        self.finished_total = 0
         self.lateness: deque[float] = deque(maxlen=DEBUG_RECORDS)  # wall seconds each event was processed late
         self._live: dict[Request, _Live] = {}
         self._pending: dict[_Live, list[int]] = {}  # decode tokens not yet written: [first index, count]
@@ -140,7 +138,7 @@ class EngineLoop:
         now = self._catch_up()
         req = Request(rid, 0, now, prompt_tokens, output_tokens, 0.0)
         self.engine.submit(req, now)
-        self._live[req] = _Live(req, sink, reason, max_tokens, self.wall())
+        self._live[req] = _Live(req, sink, reason, max_tokens)
         self.poke()
         return req
 
@@ -230,7 +228,6 @@ class EngineLoop:
                           decode=done - first, inference=done - sched, prompt_tokens=r.prompt_tokens,
                           generation_tokens=r.generated, max_tokens=live.max_tokens),
         )  # fmt: skip
-        self.finished_total += 1
         self.records.append(Record(r.rid, r.prompt_tokens, r.generated, r.preemptions, arrival, sched, first, done))
         live.sink.on_finish(live.reason, r.generated)
 

@@ -9,6 +9,7 @@ a 404, both as OpenAI-style JSON errors.
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 
@@ -24,6 +25,8 @@ from admit.emulator.responses import AnswerFormat
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from admit import __version__
+
+log = logging.getLogger(__name__)
 
 _ROUTES = {
     "/v1/completions": ("POST",),
@@ -131,6 +134,10 @@ class EmulatorApp:
                 conn.respond(200, self._debug_requests())
         except ApiError as e:
             conn.respond(e.status, e.body())
+        except Exception:  # a bug must cost one request a 500, not the connection or the server
+            log.exception("internal error answering %s %s", req.method, req.path)
+            if conn.on_close is None:  # nothing was streamed yet
+                conn.respond(500, ApiError(500, "internal error in the emulator").body())
 
     # ---------------------------------------------------------------- generation
     def _generate(self, req: HttpRequest, conn: Connection, chat: bool) -> None:
