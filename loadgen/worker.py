@@ -12,8 +12,9 @@ Life of a worker:
    waited for by re-queueing the callback instead (less lag, a little CPU);
 4. when every request has ended, send back per-tenant :class:`TenantMetrics` and worker counters.
 
-A request that finds no idle connection opens a new one (up to ``max_connections``, then it waits in a
-FIFO queue); its send lag then includes the wait, so the lag histogram shows any such backlog.
+A request that finds no idle connection opens a new one (up to ``max_connections`` open and
+``MAX_OPENING`` being opened, then it waits in a FIFO queue); its send lag then includes the wait, so the
+lag histogram shows any such backlog.
 """
 
 from __future__ import annotations
@@ -37,6 +38,9 @@ from admit.loadgen.throttle import AdaptiveThrottle, RetryBudget
 
 NS = 1_000_000_000
 SWEEP_INTERVAL_S = 0.05
+# connects in flight per worker: beyond this, requests wait for an idle or a newly opened connection, so
+# a stalled server (or a generator past its core's capacity) cannot start a storm of thousands of connects
+MAX_OPENING = 64
 
 
 @dataclass
@@ -184,7 +188,7 @@ class Worker:
             self.budgets[a.tenant].on_first_attempt(monotonic_ns() / NS)
         if self.idle:
             self._send(self.idle.pop(), a)
-        elif len(self.busy) + self.opening < self.job.max_connections:
+        elif self.opening < MAX_OPENING and len(self.busy) + self.opening < self.job.max_connections:
             self.loop.create_task(self._open_and_send(a))
         else:
             self.waiting.append(a)
@@ -194,9 +198,11 @@ class Worker:
             conn = await self._open()
         except (TimeoutError, OSError, ssl.SSLError):
             self._record(a, monotonic_ns(), "connect_error")
+            self._pump()
             self._check_done()
             return
         self._send(conn, a)
+        self._pump()  # an opening slot is free again
 
     def _send(self, conn: Connection, a: Attempt) -> None:
         self.busy.add(conn)
@@ -257,7 +263,7 @@ class Worker:
         while self.waiting:
             if self.idle:
                 self._send(self.idle.pop(), self.waiting.popleft())
-            elif len(self.busy) + self.opening < self.job.max_connections:
+            elif self.opening < MAX_OPENING and len(self.busy) + self.opening < self.job.max_connections:
                 self.loop.create_task(self._open_and_send(self.waiting.popleft()))
             else:
                 return

@@ -18,8 +18,11 @@ the generator's CPU: the whole process tree (``/proc``, children included), in t
 were arriving at the server (the steady-state cost, start-up excluded), per 1,000 requests.
 
 ``--nice -10`` runs the server and the generators at a higher scheduling priority, so that other
-work on a shared machine delays them less (all tools alike). A tool leaves the ladder after a stage
-where it clearly fell behind (achieved < 90 % of asked or send-lag p99 > 1 s). Usage (repository root)::
+work on a shared machine delays them less (all tools alike); ``--rt 1`` runs them under SCHED_FIFO,
+ahead of every normal process (use briefly: it takes the cores from other users' work).
+
+A tool leaves the ladder after a stage where it clearly fell behind (achieved < 90 % of asked or
+send-lag p99 > 1 s). Usage (repository root)::
 
     python benchmarks/loadgen/bench_ladder.py --tools admit,admit-base,inference-perf,guidellm \\
         --rates 100,200,500,1000,2000,3000,4000,6000,8000 --duration 10 --ttft-ms 5 --itl-ms 0 \\
@@ -47,11 +50,14 @@ POLL_S = 0.1
 
 
 NICE = 0  # --nice: scheduling priority of the server and the generators (negative needs root)
+RT = 0  # --rt: SCHED_FIFO priority instead (needs root; the kernel's RT throttle keeps 5 % for others)
 
 
 def pinned(cmd: list[str], cpu: str | None) -> list[str]:
     if cpu is not None and shutil.which("taskset"):
         cmd = ["taskset", "-c", cpu, *cmd]
+    if RT:
+        return ["chrt", "-f", str(RT), *cmd]
     return ["nice", "-n", str(NICE), *cmd] if NICE else cmd
 
 
@@ -95,12 +101,14 @@ def tree_cpu_s(root: int) -> float:
     return total / CLK_TCK
 
 
-def run_tool(cmd: list[str], env: dict[str, str], url: str, timeout_s: float) -> dict[str, Any]:
+def run_tool(
+    cmd: list[str], env: dict[str, str], url: str, timeout_s: float, cwd: Path | None = None
+) -> dict[str, Any]:
     """Run one stage; sample the tree's CPU meanwhile; return CPU figures and the server's view."""
     server_stats(url, reset=True)
     samples: list[tuple[int, float]] = []
     t_start = time.monotonic()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=cwd)
     stop = threading.Event()
 
     def sample() -> None:
@@ -169,7 +177,11 @@ def admit_stage(args: argparse.Namespace, url: str, rate: float, out: Path, src:
     env = dict(os.environ)
     if src:
         env["PYTHONPATH"] = src + os.pathsep + env.get("PYTHONPATH", "")
-    row = run_tool(pinned(cmd, args.client_cpu), env, url, args.duration + 120)
+    # run outside the checkout: with ``-c``/``-m`` the working directory comes first on sys.path, and the
+    # checkout's own admit/ would shadow the tree named by PYTHONPATH
+    out.mkdir(parents=True, exist_ok=True)
+    row = run_tool(pinned(cmd, args.client_cpu), env, url, args.duration + 120, cwd=out)
+    row["admit_source"] = src or "checkout"
     try:
         s = json.loads((out / "stage_0.json").read_text())
     except (OSError, ValueError):
@@ -276,9 +288,11 @@ def main() -> None:
     ap.add_argument("--tokenizer", default="/tmp/peer-tok", help="local tokenizer directory for the peers")
     ap.add_argument("--out", type=Path, default=Path("runs/bench_loadgen"))
     ap.add_argument("--nice", type=int, default=0, help="nice value for server and generators (e.g. -10)")
+    ap.add_argument("--rt", type=int, default=0, help="SCHED_FIFO priority for server and generators (e.g. 1)")
     args = ap.parse_args()
-    global NICE
-    NICE = args.nice
+    args.out = args.out.resolve()
+    global NICE, RT
+    NICE, RT = args.nice, args.rt
     tools = args.tools.split(",")
     server, url = start_server(args.server_cpu, args.ttft_ms, args.itl_ms)
     run_tool.children_cpu = resource_children()  # type: ignore[attr-defined]
