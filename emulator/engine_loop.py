@@ -85,6 +85,7 @@ class EngineLoop:
         self._wake: asyncio.Future[None] | None = None
         self._wake_at = math.inf
         self._task: asyncio.Task[None] | None = None
+        self._itl = metrics.hists["itl"]  # observed once per streamed token: no wrapper call
         engine.on_tokens = self._on_tokens
 
     # ---------------------------------------------------------------- life cycle
@@ -201,18 +202,19 @@ class EngineLoop:
         if live is None:
             return
         w = self._step_wall
-        if live.emitted:
-            self.metrics.observe_itl(w - live.last_wall)
-        live.last_wall = w
-        if live.emitted:
+        emitted = live.emitted
+        live.emitted = emitted + n
+        if emitted:
+            self._itl.observe(w - live.last_wall)
+            live.last_wall = w
             p = self._pending.get(live)
             if p is None:
-                self._pending[live] = [live.emitted, n]
+                self._pending[live] = [emitted, n]
             else:
                 p[1] += n  # the loop is behind: several steps' tokens go out in one write
         else:
+            live.last_wall = w
             live.sink.on_tokens(0, n)  # first tokens go out before the step's other writes: TTFT is the SLO
-        live.emitted += n
 
     def _finish(self, r: Request, done: float) -> None:
         live = self._live.pop(r, None)

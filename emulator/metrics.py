@@ -123,9 +123,6 @@ class VllmMetrics:
         self.registry.register(self)  # type: ignore[arg-type]
 
     # ---------------------------------------------------------------- recording
-    def observe_itl(self, seconds: float) -> None:
-        self.hists["itl"].observe(seconds)
-
     def observe_finished(self, reason: str, t: FinishedTimes) -> None:
         self.success[reason] += 1
         h = self.hists

@@ -59,8 +59,13 @@ class AnswerFormat:
 
     def token_events(self, first: int, n: int) -> bytes:
         """The SSE events of output tokens ``first .. first+n-1`` in one HTTP chunk."""
-        if n == 1 and first > 0:
-            return self._framed[word_index(self.rid, first)]
+        if first > 0:  # each token its own framed chunk; several chunks may share one write
+            framed = self._framed
+            if n == 1:
+                return framed[word_index(self.rid, first)]
+            i = word_index(self.rid, first)
+            k = len(framed)
+            return b"".join([framed[(i + j) % k] for j in range(n)])
         rid = self.rid
         parts = []
         for i in range(first, first + n):
