@@ -1,0 +1,85 @@
+"""The Redis backend in process against a real redis-server: a crashed replica's slots come back after the
+lease TTL, renewal keeps a long request's lease, and the GCRA script is gcra.py's arithmetic on server time."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import redis.asyncio as aioredis
+from admit.gateway.admission import Lease
+from admit.gateway.config import RedisConfig, TenantConfig
+from admit.gateway.redis_admission import RedisAdmission
+from admit.gateway.redis_scripts import GCRA
+from redis_helpers import RedisServer
+
+pytestmark = pytest.mark.timeout(60)
+
+
+@pytest.fixture
+def rs(tmp_path: Path) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path)
+    yield server
+    server.stop()
+
+
+def test_a_crashed_replicas_slots_come_back_after_the_lease_ttl(rs: RedisServer) -> None:
+    cfg = RedisConfig(url=rs.url, lease_ttl_s=1.0, poll_s=0.05)
+    tenants = [TenantConfig(name="a", limit=2, queue_ttl_s=20)]
+
+    async def run() -> tuple[float, float, int]:
+        dead, alive = RedisAdmission(tenants, cfg, "dead"), RedisAdmission(tenants, cfg, "alive")
+        await dead.start()
+        await alive.start()
+        try:
+            held = [await dead.acquire(0), await dead.acquire(0)]
+            assert all(isinstance(x, Lease) for x in held)
+            for task in dead._tasks:  # the replica dies: no renewal, no release
+                task.cancel()
+            t0 = time.monotonic()
+            got = await asyncio.wait_for(alive.acquire(0), 15)  # queued until the dead leases expire
+            waited = time.monotonic() - t0
+            # a live replica's long request keeps its lease: renewal every ttl/3 outlives the TTL many times
+            other = await asyncio.wait_for(alive.acquire(0), 15)
+            r = aioredis.Redis.from_url(rs.url)
+            held_now, until = 2, time.monotonic() + 2.5
+            while time.monotonic() < until and held_now == 2:  # watched for 2.5 TTLs: never dropped
+                held_now = await r.zcard("admit:leases:a")
+                await asyncio.sleep(0.05)
+            await r.aclose()
+            alive.release(got)
+            alive.release(other)
+            return waited, alive.stats.leases_expired, held_now
+        finally:
+            await alive.close()
+            await dead.r.aclose()
+
+    waited, expired, held_now = asyncio.run(run())
+    assert 0.5 <= waited < 10  # not at once (the slots were taken), and not never
+    assert expired == 2 and held_now == 2
+
+
+def test_gcra_script_mirrors_gcra_py(rs: RedisServer) -> None:
+    async def run() -> list[list[str]]:
+        r = aioredis.Redis.from_url(rs.url, decode_responses=True)
+        script = r.register_script(GCRA)
+        out = []
+        for _ in range(4):  # rate 2/s, burst 3: three pass at once, the fourth waits ~0.5 s
+            out.append(await script(keys=["b:req"], args=[2, 3, 1, "spend"]))
+        # two buckets, one empty: nothing is charged anywhere (all or nothing)
+        out.append(await script(keys=["b:tok", "b:req"], args=[100, 100, 10, 2, 3, 1, "spend"]))
+        out.append(await script(keys=["b:tok"], args=[100, 100, 0, "peek"]))
+        out.append(await script(keys=["b:req"], args=[2, 3, 1, "refund"]))
+        out.append(await script(keys=["b:req"], args=[2, 3, 1, "spend"]))
+        await r.aclose()
+        return out
+
+    res = asyncio.run(run())
+    assert [x[0] for x in res[:3]] == [1, 1, 1]
+    assert res[3][0] == 0 and res[3][1] == 1 and 0.3 < float(res[3][2]) <= 0.5
+    assert res[4][0] == 0 and res[4][1] == 2  # the request bucket defers
+    assert float(res[5][3]) == pytest.approx(100.0)  # the token bucket was not charged
+    assert res[7][0] == 1  # the refunded unit can be spent again at once
