@@ -9,6 +9,8 @@ method   path                                                  body / answer
 =======  ====================================================  ==============================================
 GET      /admin/state                                          every tenant: limits, in flight, queue, envelopes
 GET      /admin/tenants/{name}                                 one tenant
+GET      /admin/observation                                    the live Observation (gateway/telemetry.py)
+GET      /admin/spec                                           the ControlSpec the configuration implies
 PUT      /admin/limits                                         ``{"limits": {"a": 3, "b": 5}, "reason": ...}``
 PUT      /admin/tenants/{name}/limit                           ``{"limit": 3, "reason": ...}``
 PUT      /admin/tenants/{name}/borrow                          ``{"borrow": 2, "reason": ...}``
@@ -33,6 +35,7 @@ from urllib.parse import unquote
 
 from admit.gateway.asgi import HttpError, Receive, Scope, Send, bearer, header, read_body, send_error, send_json
 from admit.gateway.config import EnvelopeConfig
+from admit.gateway.telemetry import observation_json, spec_json
 from pydantic import ValidationError
 
 if TYPE_CHECKING:
@@ -103,6 +106,10 @@ class AdminApi:
         parts = [unquote(p) for p in scope["path"].strip("/").split("/")][1:]  # after "admin"
         if parts == ["state"] and method == "GET":
             return self.state()
+        if parts == ["observation"] and method == "GET":
+            return self.observation()
+        if parts == ["spec"] and method == "GET":
+            return spec_json(self.gw.telemetry.spec)
         if parts == ["limits"] and method == "PUT":
             return self._set_limits(scope, body)
         if len(parts) >= 2 and parts[0] == "tenants":
@@ -132,6 +139,11 @@ class AdminApi:
         for name, st in snap["tenants"].items():
             st["envelopes"] = [e.state(now) for e in self.gw.book.envelopes(name)]
         return {"version": self.version, "requests_in_progress": self.gw.in_flight_requests, **snap}
+
+    def observation(self) -> dict[str, Any]:
+        """The live Observation (gateway/telemetry.py) with the configuration version it was taken under."""
+        obs, info = self.gw.telemetry.observation(self.gw.admission.snapshot())
+        return {"version": self.version, **observation_json(obs, self.gw.names, info)}
 
     # ----------------------------------------------------------------- changes
     def _audit(self, scope: Scope, what: str, tenant: str, old: Any, new: Any, reason: Any) -> None:

@@ -34,6 +34,7 @@ from admit.gateway.envelopes import Charge, Deferral, EnvelopeBook
 from admit.gateway.jsonl import JsonlWriter
 from admit.gateway.local_admission import LocalAdmission
 from admit.gateway.metrics import GatewayMetrics
+from admit.gateway.telemetry import LiveTelemetry
 from admit.gateway.upstream import BackendTimeout, NoBackend, Upstream
 
 log = logging.getLogger("admit.gateway")
@@ -64,6 +65,7 @@ class Record:
     status: int = 0
     outcome: str = ""
     finished: bool = False  # the last byte is being sent: a disconnect now is not the client's fault
+    offered: bool = False  # counted as an arrival in the telemetry windows
 
     def line(self) -> dict[str, Any]:
         return {
@@ -110,6 +112,7 @@ class Gateway:
         self._admission: AdmissionBackend | None = None
         self.metrics = GatewayMetrics(lambda: self.admission.snapshot(), self.book, self.clock)
         self.admin = AdminApi(self, cfg.admin.resolve())
+        self.telemetry = LiveTelemetry(cfg, backend_url)
         self.in_flight_requests = 0  # requests inside the proxy path right now (tests check it drains to 0)
 
     @property
@@ -130,8 +133,10 @@ class Gateway:
         if self._admission is None:
             self._admission = LocalAdmission(self.cfg.tenants, self.cfg.capacity)
         await self.upstream.start()
+        await self.telemetry.start()
 
     async def shutdown(self) -> None:
+        await self.telemetry.close()
         close = getattr(self._admission, "close", None)
         if close is not None:
             await close()
@@ -217,6 +222,8 @@ class Gateway:
             return
         rec.model, rec.stream, rec.prompt_tokens = info.model, info.stream, info.prompt_tokens
         self.in_flight_requests += 1
+        rec.offered = True
+        self.telemetry.arrival(tenant)
         work = asyncio.ensure_future(self._serve(scope, send, tenant, info, raw, rec))
         watch = asyncio.ensure_future(_wait_disconnect(receive))
         try:
@@ -370,6 +377,8 @@ class Gateway:
             m.e2e.labels(tenant).observe(rec.e2e_s)
             if rec.output_tokens > 0:
                 m.ntpot.labels(tenant).observe(rec.e2e_s / rec.output_tokens)
+        if rec.offered and rec.tenant is not None:
+            self.telemetry.finished(self.index[rec.tenant], outcome, rec.e2e_s, rec.ttft_s, rec.queue_wait_s)
         self.request_log.write(rec.line())
 
     def _on_alert(self, tenant: str, target: str, unit: str, frac: float) -> None:

@@ -89,6 +89,8 @@ class TenantConfig(_Strict):
     weight: float = Field(default=1.0, gt=0)
     borrow: int = Field(default=0, ge=0)
     envelopes: tuple[EnvelopeConfig, ...] = ()
+    slo_e2e_p99_s: float | None = Field(default=None, gt=0)  # objectives the Observation carries (none = NO_SLO)
+    slo_ttft_p99_s: float | None = Field(default=None, gt=0)
 
     @field_validator("api_keys")
     @classmethod
@@ -140,6 +142,26 @@ class RedisConfig(_Strict):
     retry_after_s: float = Field(default=1.0, ge=0)
 
 
+class TelemetryConfig(_Strict):
+    """Where the Observation's engine gauges come from and when they count as stale (gateway/telemetry.py)."""
+
+    metrics_url: str | None = Field(default=None, pattern=r"^https?://")  # default: the backend's /metrics
+    scrape_interval_s: float = Field(default=1.0, gt=0)
+    stale_after_s: float = Field(default=5.0, gt=0)
+    stale_waiting: float = Field(default=64.0, ge=0)  # engine_waiting reported while stale (saturated)
+    window_s: float = Field(default=6.0, gt=0)
+    nvml: bool = True
+
+
+class ControlConfig(_Strict):
+    """Bounds a control loop started with ``--spec gateway`` uses (its ControlSpec's Limits and interval)."""
+
+    min_limit: int = Field(default=1, ge=0)
+    max_limit: int = Field(default=64, ge=1)
+    max_step: int = Field(default=1, ge=1)
+    interval_s: float = Field(default=3.0, gt=0)
+
+
 class GatewayConfig(_Strict):
     auth: AuthConfig = AuthConfig()
     admin: AdminConfig = AdminConfig()
@@ -150,6 +172,8 @@ class GatewayConfig(_Strict):
     request_log: Path | None = None
     audit_log: Path | None = None
     redis: RedisConfig | None = None
+    telemetry: TelemetryConfig = TelemetryConfig()
+    control: ControlConfig = ControlConfig()
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -1,0 +1,320 @@
+"""Live telemetry → the same `Observation` the simulator builds (core/telemetry.py's `build_observation`).
+
+Three sources:
+
+* **the gateway's own per-tenant windows** — `TenantWindows` fed with the simulator's four events from the
+  gateway's request outcomes: an *arrival* when a parsed request of a known tenant is offered to admission,
+  a *completion* (e2e, TTFT = arrival to the answer's first byte, queue wait) when it ends ``ok``, a
+  *drop* on ``ttl-expired`` and a *rejection* on ``queue-full`` or ``envelope-empty``. Backend failures and
+  clients that leave are none of these (the simulator has no such events) and do not enter the windows.
+* **the backend's /metrics** (vLLM, or the emulator that mimics it), scraped every ``scrape_interval_s`` and
+  parsed with prometheus_client's parser: ``vllm:kv_cache_usage_perc`` → ``gpu_mem_util`` (the token
+  engine's KV usage, the same meaning as in the simulator), ``vllm:num_requests_running`` /
+  ``vllm:num_requests_waiting`` → ``engine_running`` / ``engine_waiting`` (summed over engines, KV usage the
+  mean), and ``vllm:time_to_first_token_seconds`` → the engine's TTFT p50/p99 between two scrapes (reported
+  beside the Observation, not in it: the vector stays the simulator's).
+* **NVML** (nvidia-ml-py) for GPU memory used/total per device, reported beside the Observation and used as
+  ``gpu_mem_util`` only when the backend exports no KV usage. Without a GPU or driver the state is
+  ``{"available": false, "reason": ...}``, logged once; nothing fails.
+
+**Stale is saturated.** When the last good scrape is older than ``stale_after_s`` (or there never was one),
+the engine gauges are reported as a saturated server — ``gpu_mem_util = 1`` and ``engine_waiting =
+max(stale_waiting, last value)`` — never as an idle one, so no policy opens the gates on missing data.
+Per-tenant figures are the gateway's own and are never stale. Tenant ``in_flight`` is the count across all
+replicas when the admission state is shared (Redis), else this gateway's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import aiohttp
+from admit.core.observation import Observation
+from admit.core.spec import ControlSpec, Limits, TenantSpec
+from admit.core.telemetry import TenantWindows, build_observation
+from admit.gateway.config import GatewayConfig
+from prometheus_client.parser import text_string_to_metric_families
+
+log = logging.getLogger("admit.gateway.telemetry")
+
+KV = "vllm:kv_cache_usage_perc"
+RUNNING = "vllm:num_requests_running"
+WAITING = "vllm:num_requests_waiting"
+TTFT = "vllm:time_to_first_token_seconds"
+
+REJECTIONS = frozenset({"queue-full", "envelope-empty"})
+DROPS = frozenset({"ttl-expired"})
+
+
+def gateway_spec(cfg: GatewayConfig) -> ControlSpec:
+    """The ControlSpec a gateway's configuration implies (``admit control --spec gateway``)."""
+    c = cfg.control
+    tenants = tuple(
+        TenantSpec(t.name, t.slo_e2e_p99_s or math.inf, t.slo_ttft_p99_s or math.inf, t.weight, t.priority)
+        for t in cfg.tenants
+    )
+    lo = min(c.min_limit, c.max_limit)
+    initial = min(max(lo, min(t.limit for t in cfg.tenants)), c.max_limit)
+    limits = Limits(min=lo, max=c.max_limit, initial=initial, max_step=c.max_step)
+    return ControlSpec(tenants, limits, c.interval_s, cfg.telemetry.window_s)
+
+
+def parse_engine_metrics(text: str) -> dict[str, Any]:
+    """The gauges and the TTFT histogram's cumulative buckets from a Prometheus text page."""
+    kv: list[float] = []
+    running = waiting = 0.0
+    seen: set[str] = set()
+    buckets: dict[float, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            if s.name == KV:
+                kv.append(s.value)
+            elif s.name == RUNNING:
+                running += s.value
+            elif s.name == WAITING:
+                waiting += s.value
+            elif s.name == TTFT + "_bucket":
+                le = float(s.labels["le"])
+                buckets[le] = buckets.get(le, 0.0) + s.value
+            else:
+                continue
+            seen.add(s.name)
+    return {
+        "kv": sum(kv) / len(kv) if kv else None,
+        "running": running if RUNNING in seen else None,
+        "waiting": waiting if WAITING in seen else None,
+        "ttft_buckets": sorted(buckets.items()),
+    }
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """Prometheus' histogram_quantile on cumulative ``(le, count)`` pairs (linear inside a bucket)."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lo_le, lo_n = 0.0, 0.0
+    for le, n in buckets:
+        if n >= rank:
+            if le == math.inf:
+                return lo_le
+            return lo_le + (le - lo_le) * ((rank - lo_n) / (n - lo_n) if n > lo_n else 0.0)
+        lo_le, lo_n = le, n
+    return lo_le
+
+
+class Nvml:
+    """GPU memory through NVML, or a clear "no NVML" state (reported once) when there is no GPU or driver."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.available = False
+        self.reason = "disabled in the configuration" if not enabled else ""
+        self._handles: list[Any] = []
+        if not enabled:
+            return
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
+            self._nv = pynvml
+            self.available = bool(self._handles)
+            self.reason = "" if self._handles else "NVML found no GPU"
+        except Exception as exc:  # NVMLError_LibraryNotFound, DriverNotLoaded, ImportError...
+            self.reason = f"no NVML: {type(exc).__name__}: {exc}".strip()
+        if not self.available:
+            log.info("GPU memory telemetry off (%s); gpu_mem_util comes from the backend's KV usage", self.reason)
+
+    def read(self) -> dict[str, Any]:
+        if not self.available:
+            return {"available": False, "reason": self.reason}
+        devices = []
+        try:
+            for h in self._handles:
+                m = self._nv.nvmlDeviceGetMemoryInfo(h)
+                devices.append({"used_bytes": int(m.used), "total_bytes": int(m.total),
+                                "util": float(m.used) / float(m.total) if m.total else 0.0})
+        except Exception as exc:
+            return {"available": False, "reason": f"NVML read failed: {type(exc).__name__}"}
+        return {"available": True, "devices": devices}
+
+
+class _Counts:
+    """The admission snapshot with the three methods `build_observation` reads from an admission core."""
+
+    def __init__(self, snap: dict[str, Any], names: Sequence[str]) -> None:
+        ts = snap["tenants"]
+        self._rows = [ts[n] for n in names]
+
+    def queue_depth(self, i: int) -> int:
+        return int(self._rows[i]["queue_depth"])
+
+    def in_flight(self, i: int) -> int:
+        row = self._rows[i]
+        return int(row.get("shared_in_flight", row["in_flight"]))
+
+    def limit(self, i: int) -> int:
+        return int(self._rows[i]["limit"])
+
+
+class LiveTelemetry:
+    def __init__(self, cfg: GatewayConfig, backend_url: str) -> None:
+        self.cfg = cfg.telemetry
+        self.spec = gateway_spec(cfg)
+        self.names = [t.name for t in cfg.tenants]
+        self.windows = [TenantWindows(self.cfg.window_s, (t.slo_e2e_p99_s, t.slo_ttft_p99_s))
+                        for t in self.spec.tenants]
+        self.url = self.cfg.metrics_url or backend_url.rstrip("/") + "/metrics"
+        self.clock = time.monotonic
+        self.t0 = self.clock()
+        self.last_ok: float | None = None
+        self.engine: dict[str, Any] = {"kv": None, "running": None, "waiting": None, "ttft_buckets": []}
+        self.engine_ttft: dict[str, float | None] = {"p50": None, "p99": None}
+        self.scrapes = self.scrape_errors = self.stale_reads = 0
+        self.last_error = ""
+        self._stale_logged = False
+        self.nvml: Nvml | None = None
+        self.gpu: dict[str, Any] = {"available": False, "reason": "not read yet"}
+        self._task: asyncio.Task[None] | None = None
+
+    # ----------------------------------------------------------------- gateway events
+    def arrival(self, tenant: int) -> None:
+        self.windows[tenant].on_arrival(self.clock())
+
+    def finished(self, tenant: int, outcome: str, e2e_s: float, ttft_s: float | None, wait_s: float | None) -> None:
+        now = self.clock()
+        w = self.windows[tenant]
+        if outcome == "ok":
+            w.on_completion(now, e2e_s, e2e_s if ttft_s is None else ttft_s, wait_s or 0.0)
+        elif outcome in DROPS:
+            w.on_drop(now)
+        elif outcome in REJECTIONS:
+            w.on_rejection(now)
+
+    # ----------------------------------------------------------------- scraping
+    async def start(self) -> None:
+        self.nvml = await asyncio.to_thread(Nvml, self.cfg.nvml)
+        self._task = asyncio.ensure_future(self._loop())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+
+    async def _loop(self) -> None:
+        timeout = aiohttp.ClientTimeout(total=max(0.5, min(self.cfg.stale_after_s, 5.0)))
+        async with aiohttp.ClientSession(timeout=timeout) as session:
+            while True:
+                await self.scrape(session)
+                await asyncio.sleep(self.cfg.scrape_interval_s)
+
+    async def scrape(self, session: aiohttp.ClientSession) -> None:
+        try:
+            async with session.get(self.url) as resp:
+                if resp.status != 200:
+                    raise ValueError(f"HTTP {resp.status}")
+                text = await resp.text()
+            got = parse_engine_metrics(text)
+        except Exception as exc:  # unreachable, timed out, not Prometheus text: stale from now on
+            self.scrape_errors += 1
+            self.last_error = f"{type(exc).__name__}: {exc}"[:200]
+        else:
+            prev = self.engine["ttft_buckets"]
+            cur = got["ttft_buckets"]
+            if prev and len(prev) == len(cur):
+                delta = [(le, n - p) for (le, n), (_, p) in zip(cur, prev, strict=True)]
+                self.engine_ttft = {"p50": histogram_quantile(0.5, delta), "p99": histogram_quantile(0.99, delta)}
+            self.engine = got
+            self.scrapes += 1
+            self.last_ok = self.clock()
+        if self.nvml is not None:
+            self.gpu = self.nvml.read()
+
+    # ----------------------------------------------------------------- the Observation
+    def stale(self, now: float) -> bool:
+        return self.last_ok is None or now - self.last_ok > self.cfg.stale_after_s
+
+    def observation(self, snapshot: dict[str, Any]) -> tuple[Observation, dict[str, Any]]:
+        now = self.clock()
+        e = self.engine
+        running = float(e["running"] or 0.0)
+        waiting = float(e["waiting"] or 0.0)
+        if e["kv"] is not None:
+            mem, source = float(e["kv"]), KV
+        elif self.gpu.get("available"):
+            mem, source = max(d["util"] for d in self.gpu["devices"]), "nvml"
+        else:
+            mem, source = 0.0, "none"
+        stale = self.stale(now)
+        if stale:
+            self.stale_reads += 1
+            mem, waiting, source = 1.0, max(self.cfg.stale_waiting, waiting), "stale"
+            if not self._stale_logged:
+                log.warning("engine telemetry is stale (%s): reporting the server as saturated", self.last_error)
+                self._stale_logged = True
+        else:
+            self._stale_logged = False
+        obs = build_observation(now - self.t0, self.spec, self.windows, _Counts(snapshot, self.names),  # type: ignore[arg-type]
+                                mem, running, waiting)
+        info = {
+            "stale": stale,
+            "age_s": None if self.last_ok is None else now - self.last_ok,
+            "gpu_mem_source": source,
+            "metrics_url": self.url,
+            "scrapes": self.scrapes,
+            "scrape_errors": self.scrape_errors,
+            "stale_reads": self.stale_reads,
+            "last_error": self.last_error,
+            "engine_ttft_s": self.engine_ttft,
+            "gpu": self.gpu,
+        }
+        return obs, info
+
+
+def observation_json(obs: Observation, names: Sequence[str], info: dict[str, Any]) -> dict[str, Any]:
+    """The admin API's answer: the Observation's fields, its flat vector and the feature names."""
+    from dataclasses import asdict
+
+    return {
+        "observation": {
+            "time_s": obs.time_s, "window_s": obs.window_s, "gpu_mem_util": obs.gpu_mem_util,
+            "engine_running": obs.engine_running, "engine_waiting": obs.engine_waiting,
+            "tenants": [{"name": n, **asdict(t)} for n, t in zip(names, obs.tenants, strict=True)],
+        },
+        "vector": [float(x) for x in obs.to_vector()],
+        "feature_names": Observation.feature_names(list(names)),
+        "telemetry": info,
+    }
+
+
+def spec_json(spec: ControlSpec) -> dict[str, Any]:
+    """A ControlSpec as JSON (``inf`` objectives as null); `spec_from_json` reads it back."""
+    lim = spec.limits
+
+    def fin(x: float) -> float | None:
+        return None if math.isinf(x) else x
+
+    return {
+        "tenants": [{"name": t.name, "slo_e2e_p99_s": fin(t.slo_e2e_p99_s), "slo_ttft_p99_s": fin(t.slo_ttft_p99_s),
+                     "weight": t.weight, "priority": t.priority} for t in spec.tenants],
+        "limits": {"min": lim.min, "max": lim.max, "initial": lim.initial, "max_step": lim.max_step},
+        "interval_s": spec.interval_s,
+        "window_s": spec.window_s,
+        "queue_timeout_s": fin(spec.queue_timeout_s),
+    }
+
+
+def spec_from_json(data: dict[str, Any]) -> ControlSpec:
+    def inf(x: float | None) -> float:
+        return math.inf if x is None else float(x)
+
+    tenants = tuple(TenantSpec(t["name"], inf(t["slo_e2e_p99_s"]), inf(t["slo_ttft_p99_s"]), float(t["weight"]),
+                               int(t["priority"])) for t in data["tenants"])
+    return ControlSpec(tenants, Limits(**data["limits"]), float(data["interval_s"]), float(data["window_s"]),
+                       inf(data["queue_timeout_s"]))
