@@ -9,6 +9,7 @@ import typer
 from admit.emulator.cli import emulate
 from admit.envs.fidelity import fidelity
 from admit.gateway.cli import gateway
+from admit.gateway.control_cli import control
 from admit.loadgen.cli import app as loadgen_app
 from admit.train.cli import train
 
@@ -21,6 +22,7 @@ app = typer.Typer(
 app.add_typer(loadgen_app, name="loadgen")
 app.command()(fidelity)
 app.command()(gateway)
+app.command()(control)
 app.command()(train)
 app.command()(emulate)
 

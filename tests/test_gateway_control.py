@@ -1,0 +1,203 @@
+"""Telemetry → Observation and the control loop, live: the emulator, the gateway and the loop as real parts.
+
+The live Observation has the simulator's layout for the same tenants; stale engine telemetry reads as a
+saturated server; a policy that raises, overruns its deadline or returns garbage changes nothing and is
+replaced by static after N failures; shadow mode touches nothing; a good policy's decisions reach the
+gateway's audit log through `admit control`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import aiohttp
+import pytest
+from admit.controllers.registry import make_controller
+from admit.core.observation import Observation
+from admit.core.spec import ControlSpec
+from admit.envs.scenario import load_scenario
+from admit.envs.simulation import Simulation
+from admit.gateway.config import parse_config
+from admit.gateway.control import ControlLoop, GatewayClient
+from admit.gateway.telemetry import LiveTelemetry, spec_from_json
+from emulator_helpers import Emulator, start_emulator
+from gateway_helpers import ADMIN_TOKEN, GatewayProcess, key, tenant_cfg, wait_for
+from redis_helpers import free_port
+
+pytestmark = pytest.mark.timeout(120)
+MODEL = "emu-model"
+SLO = {"slo_e2e_p99_s": 12}
+
+
+@pytest.fixture(scope="module")
+def emu() -> Iterator[Emulator]:
+    e = start_emulator("--model", MODEL, "--max-model-len", "4096", "--seed", "3")
+    yield e
+    e.stop()
+
+
+@pytest.fixture(scope="module")
+def gw(emu: Emulator, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    cfg = {
+        "telemetry": {"scrape_interval_s": 0.2, "stale_after_s": 10, "window_s": 6},
+        "control": {"min_limit": 1, "max_limit": 4, "max_step": 1, "interval_s": 3},
+        "tenants": [tenant_cfg("bursty", limit=3, **SLO), tenant_cfg("steady", limit=3, **SLO)],
+    }
+    g = GatewayProcess(tmp_path_factory.mktemp("gw"), emu.url, cfg)
+    yield g
+    g.stop()
+
+
+def client(gw: GatewayProcess) -> GatewayClient:
+    return GatewayClient(gw.url, ADMIN_TOKEN, timeout_s=20)
+
+
+async def _requests(url: str, tenant: str, n: int) -> list[int]:
+    body = {"model": MODEL, "prompt": "hello " * 20, "max_tokens": 4, "ignore_eos": True}
+    async with aiohttp.ClientSession(headers={"Authorization": f"Bearer {key(tenant)}"}) as s:
+        async def one() -> int:
+            async with s.post(url + "/v1/completions", json=body) as r:
+                await r.read()
+                return r.status
+
+        return await asyncio.gather(*(one() for _ in range(n)))
+
+
+def test_live_observation_has_the_simulators_layout(gw: GatewayProcess) -> None:
+    assert asyncio.run(_requests(gw.url, "bursty", 3)) == [200] * 3
+    c = client(gw)
+    data = wait_for(lambda: (d := c.observation())["telemetry"]["scrapes"] > 0 and d, 20, "a scrape")
+    scenario = load_scenario("seed-paper")
+    sim = Simulation(scenario, seed=0)
+    sim_obs = sim.observe()
+    live = data["vector"]
+    assert len(live) == len(sim_obs.to_vector()) == Observation.vector_size(2)
+    assert data["feature_names"] == Observation.feature_names([t.name for t in scenario.tenants])
+    o = data["observation"]
+    bursty, steady = o["tenants"]
+    assert (bursty["name"], bursty["arrivals"], bursty["completions"], bursty["limit"]) == ("bursty", 3, 3, 3)
+    assert bursty["samples"] == 3 and bursty["e2e_p99"] > 0 and bursty["ttft_p99"] > 0
+    assert steady["arrivals"] == 0 and steady["samples"] == 0
+    assert bursty["slo_e2e_p99"] == 12 and bursty["slo_ttft_p99"] == 1.0e4  # the simulator's NO_SLO
+    assert data["telemetry"]["stale"] is False and data["telemetry"]["gpu_mem_source"] == "vllm:kv_cache_usage_perc"
+    assert 0 <= o["gpu_mem_util"] <= 1 and o["engine_waiting"] == 0
+    gpu = data["telemetry"]["gpu"]  # a GPU machine reports memory; a CPU one says why not, and nothing fails
+    assert (gpu["available"] is True and gpu["devices"]) or (gpu["available"] is False and gpu["reason"])
+    # the gateway's spec is the scenario's (same tenants, SLOs, bounds): a simulator-trained policy fits as is
+    spec = spec_from_json(c.spec())
+    ref = scenario.control_spec()
+    assert spec.tenants == ref.tenants and spec.limits.max == ref.limits.max and spec.window_s == ref.window_s
+
+
+def test_stale_telemetry_reads_as_saturated(tmp_path: Path) -> None:
+    cfg = parse_config({"telemetry": {"metrics_url": f"http://127.0.0.1:{free_port()}/metrics",
+                                      "stale_after_s": 0.5, "stale_waiting": 50, "nvml": False},
+                        "tenants": [tenant_cfg("a")]})
+    snap = {"tenants": {"a": {"queue_depth": 0, "in_flight": 0, "limit": 4}}}
+
+    async def run() -> tuple[Observation, dict]:
+        tel = LiveTelemetry(cfg, "http://127.0.0.1:1")
+        await tel.start()
+        try:
+            await asyncio.to_thread(wait_for, lambda: tel.scrape_errors >= 1, 20, "a failed scrape")
+            return tel.observation(snap)
+        finally:
+            await tel.close()
+
+    obs, info = asyncio.run(run())
+    assert info["stale"] is True and info["gpu_mem_source"] == "stale" and info["last_error"]
+    assert obs.gpu_mem_util == 1.0 and obs.engine_waiting == 50  # saturated, never idle
+    assert info["gpu"] == {"available": False, "reason": "disabled in the configuration"}
+
+
+class Scripted:
+    """A policy that misbehaves in turn as scripted: raises, returns garbage, sleeps past its deadline."""
+
+    name = "scripted-bad"
+
+    def __init__(self, script: Sequence[str]) -> None:
+        self.script = list(script)
+        self.calls = 0
+
+    def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
+        self.n = spec.n_tenants
+
+    def act(self, obs: Observation) -> list[int]:
+        what = self.script[min(self.calls, len(self.script) - 1)]
+        self.calls += 1
+        if what == "raise":
+            raise RuntimeError("scripted failure")
+        if what == "sleep":
+            time.sleep(3.0)
+            return [-1] * self.n
+        if what == "garbage":
+            return [7, "x"]  # type: ignore[list-item]
+        return [-1] * self.n
+
+
+def _spec(gw: GatewayProcess, interval: float) -> ControlSpec:
+    from dataclasses import replace
+
+    return replace(spec_from_json(client(gw).spec()), interval_s=interval)
+
+
+def _limits(gw: GatewayProcess) -> dict[str, int]:
+    return {n: t["limit"] for n, t in gw.state()["tenants"].items()}
+
+
+def test_bad_policy_holds_then_falls_back_to_static(gw: GatewayProcess, tmp_path: Path) -> None:
+    before, audit_before = _limits(gw), len(gw.audit_log())
+    loop = ControlLoop(client(gw), Scripted(["raise", "garbage", "sleep", "ok"]), _spec(gw, 0.2),
+                       act_timeout_s=0.5, max_failures=3, fallback=make_controller("static"),
+                       log_path=tmp_path / "decisions.jsonl")
+    try:
+        stats = loop.run(steps=5)
+    finally:
+        loop.close()
+    lines = [json.loads(x) for x in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    assert [x["outcome"] for x in lines] == ["held:raised", "held:garbage", "held:timeout;fallback",
+                                             "unchanged", "unchanged"]
+    assert [x["policy"] for x in lines] == ["scripted-bad"] * 3 + ["static"] * 2
+    assert dict(stats.failures) == {"raised": 1, "timeout": 1, "garbage": 1} and stats.fallbacks == 1
+    assert _limits(gw) == before and len(gw.audit_log()) == audit_before  # nothing was applied
+    assert all(x["limits_after"] == x["limits_before"] == before for x in lines)
+    assert lines[0]["observation"]["tenants"]["bursty"]["limit"] == 3
+
+
+def test_shadow_mode_changes_nothing(gw: GatewayProcess, tmp_path: Path) -> None:
+    before, audit_before = _limits(gw), len(gw.audit_log())
+    loop = ControlLoop(client(gw), make_controller("static:1"), _spec(gw, 0.1), shadow=True,
+                       log_path=tmp_path / "shadow.jsonl")
+    try:
+        stats = loop.run(steps=3)
+    finally:
+        loop.close()
+    lines = [json.loads(x) for x in (tmp_path / "shadow.jsonl").read_text().splitlines()]
+    assert [x["outcome"] for x in lines] == ["shadow"] * 3 and stats.shadow == 3 and stats.applied == 0
+    assert lines[0]["deltas"] == [-1, -1] and lines[0]["limits_after"] == {"bursty": 2, "steady": 2}
+    assert _limits(gw) == before and len(gw.audit_log()) == audit_before
+
+
+def test_admit_control_applies_a_good_policy_through_the_audit_log(gw: GatewayProcess, tmp_path: Path) -> None:
+    env = {**os.environ, "ADMIT_ADMIN_TOKEN": ADMIN_TOKEN}
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "admit"), "control", "--gateway", gw.url, "--policy", "static:1",
+         "--interval", "200ms", "--scenario", "seed-paper", "--steps", "3", "--log", str(tmp_path / "d.jsonl")],
+        capture_output=True, text=True, env=env, timeout=90,
+    )
+    assert out.returncode == 0, out.stderr
+    assert "decisions 3, applied 2, unchanged 1" in out.stdout
+    assert _limits(gw) == {"bursty": 1, "steady": 1}
+    mine = [x for x in gw.audit_log() if x["actor"] == "admit-control"]
+    assert [(x["tenant"], x["old"], x["new"], x["reason"]) for x in mine] == [
+        ("bursty", 3, 2, "static:1 decision 1"), ("steady", 3, 2, "static:1 decision 1"),
+        ("bursty", 2, 1, "static:1 decision 2"), ("steady", 2, 1, "static:1 decision 2")]
+    assert len({x["version"] for x in mine}) == 2  # each decision is one atomic batch
+    assert client(gw).set_limits({"bursty": 3, "steady": 3}, "test reset")["tenants"]["bursty"]["limit"] == 3
