@@ -61,7 +61,8 @@ class Simulation:
         streams = np.random.SeedSequence(self.seed).spawn(n)
         times, tenant_ix, prompt, output, u = [], [], [], [], []
         for i, (tc, ss) in enumerate(zip(scenario.tenants, streams, strict=True)):
-            d = draw_tenant(tc.arrival, tc.prompt_tokens, tc.output_tokens, np.random.default_rng(ss), self.horizon_s)
+            rng = np.random.default_rng(ss)
+            d = draw_tenant(tc.arrival, tc.prompt_tokens, tc.output_tokens, rng, self.horizon_s, self.seed)
             times.append(d.times)
             tenant_ix.append(np.full(len(d.times), i, dtype=np.int64))
             prompt.append(d.prompt)

@@ -185,6 +185,11 @@ class Trace(_Model):
     A CSV needs a header with a time column (seconds, or ``YYYY-MM-DD HH:MM:SS.fff`` timestamps) and
     token columns. Times are shifted so the first request arrives at ``offset_s`` and divided by
     ``speedup``; with ``loop`` the trace repeats until the horizon. Request sizes come from the trace.
+
+    A replayed trace is the same on every seed. ``random_shift_max_s`` > 0 makes seeds differ while
+    keeping the real arrivals: the trace is rotated circularly by a shift drawn uniformly from
+    [0, random_shift_max_s) with the episode seed alone, so all tenants of a scenario rotate by the same
+    amount and bursts that happened together in the recording still happen together.
     """
 
     kind: Literal["trace"] = "trace"
@@ -192,9 +197,16 @@ class Trace(_Model):
     speedup: float = Field(default=1.0, gt=0)
     offset_s: float = Field(default=0.0, ge=0)
     loop: bool = False
+    random_shift_max_s: float = Field(default=0.0, ge=0)
 
-    def rows(self, horizon_s: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def rows(self, horizon_s: float, episode_seed: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         t, prompt, output = load_trace(self.source)
+        if self.random_shift_max_s > 0 and len(t) > 1:
+            span = t[-1] + (t[-1] - t[0]) / (len(t) - 1)  # one mean gap after the last request
+            shift = np.random.default_rng([episode_seed, 0x7A11]).uniform(0.0, self.random_shift_max_s) % span
+            t = (t - shift) % span
+            order = np.argsort(t, kind="stable")
+            t, prompt, output = t[order], prompt[order], output[order]
         t = t / self.speedup + self.offset_s
         if self.loop and len(t):
             span = t[-1] - self.offset_s + (t[1] - t[0] if len(t) > 1 else 1.0)
@@ -206,7 +218,7 @@ class Trace(_Model):
         return t[keep], prompt[keep], output[keep]
 
     def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
-        return self.rows(horizon_s)[0]
+        return self.rows(horizon_s)[0]  # without an episode seed: no shift
 
 
 ArrivalSpec = Annotated[
@@ -288,10 +300,14 @@ def draw_tenant(
     output: SizeSpec | None,
     rng: np.random.Generator,
     horizon_s: float,
+    episode_seed: int = 0,
 ) -> TenantDraw:
-    """Draw one tenant's requests. Trace sizes are used unless prompt/output specs override them."""
+    """Draw one tenant's requests. Trace sizes are used unless prompt/output specs override them.
+
+    ``rng`` is the tenant's own stream; ``episode_seed`` drives what all tenants share (a trace rotation).
+    """
     if isinstance(arrival, Trace):
-        times, p, o = arrival.rows(horizon_s)
+        times, p, o = arrival.rows(horizon_s, episode_seed)
     else:
         times = arrival.times(rng, horizon_s)
         p = o = None

@@ -90,3 +90,18 @@ def test_same_seed_same_draw():
     assert np.array_equal(a.times, b.times) and np.array_equal(a.prompt, b.prompt)
     assert np.array_equal(a.u_service, b.u_service)
     assert not np.array_equal(a.times[:5], c.times[:5])
+
+
+def test_trace_rotation_keeps_every_request_and_differs_by_seed(tmp_path):
+    f = tmp_path / "t.csv"
+    f.write_text("arrival,prompt_tokens,output_tokens\n" + "".join(f"{i},{10 + i},{i + 1}\n" for i in range(10)))
+    tr = Trace(source=str(f), random_shift_max_s=100.0)
+    a_t, a_p, _ = tr.rows(1000.0, episode_seed=1)
+    b_t, b_p, _ = tr.rows(1000.0, episode_seed=2)
+    c_t, _, _ = tr.rows(1000.0, episode_seed=1)
+    assert sorted(a_p.tolist()) == sorted(b_p.tolist()) == list(range(10, 20))  # same requests, rotated
+    assert np.array_equal(a_t, c_t) and not np.array_equal(a_t, b_t)
+    assert np.all(np.diff(a_t) >= 0) and a_t.min() >= 0 and a_t.max() < 10.0 + 1e-9
+    # the rotation keeps gaps: the multiset of gaps (cyclically, span 10 s) is unchanged
+    gaps = np.sort(np.diff(np.concatenate([a_t, [a_t[0] + 10.0]])))
+    assert np.allclose(gaps, 1.0)
