@@ -65,7 +65,8 @@ def make_vec_env(cfg: TrainConfig, scenario: Scenario) -> VecNormalize:
     """The training envs: n_envs seeded envs → VecMonitor → VecNormalize (obs and, if set, reward)."""
     kind = ACTION_KIND[cfg.algo]
     fns = [env_factory(scenario, kind, train_episode_seed_base(cfg.seed, i), cfg.n_envs) for i in range(cfg.n_envs)]
-    venv: VecEnv = SubprocVecEnv(fns) if cfg.vec_env == "subproc" and cfg.n_envs > 1 else DummyVecEnv(fns)
+    subproc = cfg.vec_env == "subproc" and cfg.n_envs > 1
+    venv: VecEnv = SubprocVecEnv(fns) if subproc else DummyVecEnv(fns)
     n = cfg.normalize
     return VecNormalize(
         VecMonitor(venv), norm_obs=n.obs, norm_reward=n.reward, clip_obs=n.clip_obs, gamma=_gamma(cfg)
@@ -105,6 +106,8 @@ def build_model(cfg: TrainConfig, venv: VecEnv, tensorboard_dir: Path | None) ->
 def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run one training; returns the summary that is also written to ``out/summary.json``."""
     torch.set_num_threads(cfg.torch_threads)
+    # SB3 builds a torch distribution at every step from our own network's outputs; skip re-validating them.
+    torch.distributions.Distribution.set_default_validate_args(False)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     scenario = load_scenario(cfg.scenario)
