@@ -16,7 +16,14 @@ $(STAMP): pyproject.toml
 
 setup: $(STAMP)
 
+# The main job: the live loop on 127.0.0.1 (emulator, gateway, control loop with the shipped PPO policy,
+# two-tenant load), static limits vs the policy, about 4 minutes; table on stdout, JSON in results/demo.json.
 demo: $(STAMP)
+	$(BIN)/admit demo --out results/demo.json
+
+# The offline seed-paper evaluation (the published study's three policies, 20 seeds; docs/reproduction.md).
+.PHONY: reproduce
+reproduce: $(STAMP)
 	$(BIN)/admit evaluate --scenario seed-paper --policy static --policy naive --policy differentiated \
 		--seeds 20 --out results/seed-paper.json --plot results/seed-paper.png
 

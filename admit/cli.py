@@ -10,6 +10,7 @@ from admit.emulator.cli import emulate
 from admit.envs.fidelity import fidelity
 from admit.gateway.cli import gateway
 from admit.gateway.control_cli import control
+from admit.gateway.demo import demo
 from admit.loadgen.cli import app as loadgen_app
 from admit.train.cli import train
 
@@ -23,6 +24,7 @@ app.add_typer(loadgen_app, name="loadgen")
 app.command()(fidelity)
 app.command()(gateway)
 app.command()(control)
+app.command()(demo)
 app.command()(train)
 app.command()(emulate)
 
