@@ -11,6 +11,7 @@ from admit.envs.fidelity import fidelity
 from admit.gateway.cli import gateway
 from admit.gateway.control_cli import control
 from admit.gateway.demo import demo
+from admit.gateway.sim2live import sim2live
 from admit.loadgen.cli import app as loadgen_app
 from admit.train.cli import train
 
@@ -25,6 +26,7 @@ app.command()(fidelity)
 app.command()(gateway)
 app.command()(control)
 app.command()(demo)
+app.command()(sim2live)
 app.command()(train)
 app.command()(emulate)
 

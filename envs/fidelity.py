@@ -155,13 +155,23 @@ def build_report() -> tuple[str, list[Check]]:
     return "\n".join(lines) + "\n", checks
 
 
+SIM2LIVE_SECTION = "## Sim-to-live"  # written by `admit sim2live --doc`, kept when this report is regenerated
+
+
+def kept_tail(path: Path) -> str:
+    """The sim-to-live section at the end of an existing report (measured live, not derivable here)."""
+    text = path.read_text() if path.is_file() else ""
+    at = text.find("\n" + SIM2LIVE_SECTION)
+    return "" if at < 0 else "\n" + text[at + 1 :]
+
+
 def fidelity(
     out: Path = typer.Option(Path("docs/fidelity.md"), help="where to write the markdown report"),
 ) -> None:
     """Regenerate the step-time fidelity report (Vidur, BLIS and Lambda checks)."""
     text, checks = build_report()
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text)
+    out.write_text(text + kept_tail(out))
     for c in checks:
         verdict = "PASS" if c.passed else "FAIL"
         typer.echo(f"{verdict}  {c.name}: {100 * abs(c.value):.1f}% (≤ {100 * c.tolerance:.0f}%)")

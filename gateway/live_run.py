@@ -23,6 +23,11 @@ def _p99_s(block: dict[str, Any], name: str) -> float | None:
     return None if v is None else round(v / 1000, 4)
 
 
+def _p50_s(block: dict[str, Any]) -> float | None:
+    v = block["latency"]["request_latency"]["p50"]
+    return None if v is None else round(v / 1000, 4)
+
+
 def _limits(decision_log: Path) -> dict[str, list[int]]:
     """Each tenant's limits after every decision of the loop."""
     out: dict[str, list[int]] = {}
@@ -83,8 +88,7 @@ def run_live(
             "throughput_rps": round(done / duration, 4),
             "ttft_p99_s": _p99_s(block, "time_to_first_token"),
             "e2e_p99_s": _p99_s(block, "request_latency"),
-            "e2e_p50_s": None if block["latency"]["request_latency"]["p50"] is None
-            else round(block["latency"]["request_latency"]["p50"] / 1000, 4),
+            "e2e_p50_s": _p50_s(block),
             "http_429": int(block["status"].get("429", 0)),
             "queue_full": int(gst.get("queue_full", 0)),
             "ttl_expired": int(gst.get("ttl_expired", 0)),
@@ -102,6 +106,7 @@ def run_live(
         "throughput_rps": round(done_all / duration, 4),
         "ttft_p99_s": _p99_s(stage, "time_to_first_token"),
         "e2e_p99_s": _p99_s(stage, "request_latency"),
+        "e2e_p50_s": _p50_s(stage),
         "decisions": sum(1 for _ in decisions.open()) if decisions.is_file() else 0,
         "tenants": tenants,
         "workdir": str(work),
