@@ -38,6 +38,7 @@ def test_the_simulator_runs_on_the_replayed_requests_and_drains() -> None:
     assert sum(t["sent"] for t in res["tenants"].values()) == len(reqs)
     assert res["completed"] == len(reqs)  # drained: nothing dropped at this load, nothing left running
     assert res["e2e_p99_s"] >= res["e2e_p50_s"] > 0
+    assert simulate(sc, reqs, "static", seed=3) == res  # the requests are not used up by a run
 
 
 def test_the_section_survives_regeneration(tmp_path: Path) -> None:
