@@ -79,13 +79,14 @@ class Stack:
     def log(self, name: str) -> Path:
         return self.workdir / f"{name}.log"
 
-    def spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """``python ARGS`` in a new process group, stdout and stderr to ``<name>.log``."""
+    def spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None,
+              program: str | None = None) -> subprocess.Popen[bytes]:
+        """``python ARGS`` (or ``program ARGS``) in a new process group, stdout and stderr to ``<name>.log``."""
         if name in self.procs and self.procs[name].poll() is None:
             raise StackError(f"{name} is already running")
         with self.log(name).open("wb") as fh:
             proc = subprocess.Popen(
-                [sys.executable, *args], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
+                [program or sys.executable, *args], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
                 env={**os.environ, ADMIN_ENV: self.admin_token, **(env or {})}, start_new_session=True,
             )
         self.procs[name] = proc
