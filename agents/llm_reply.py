@@ -13,7 +13,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-RATIONALE_MAX_CHARS = 240
+RATIONALE_MAX_CHARS = 120  # one short sentence; a longer one costs tokens and seconds on every call
 
 # Reasons a reply becomes a hold, in the order they are checked.
 REPLY_REASONS = ("length", "empty", "not_json", "not_object", "wrong_length", "not_integer", "out_of_range")
