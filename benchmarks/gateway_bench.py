@@ -1,0 +1,175 @@
+"""Gateway overhead and throughput: `admit loadgen` direct to the mock server vs through `admit gateway`
+(and through nginx as a plain reverse proxy), all on 127.0.0.1.
+
+* Overhead: at each rate (constant arrivals, 16-token prompts), the client-measured e2e p50/p99 through
+  the gateway minus direct to the backend, for one-token answers (`short`) and 16-token streams
+  (`stream`). `admit loadgen` sends streamed requests only, so the one-token stream — the smallest
+  answer there is — stands in for the non-streamed case; nothing here measures `"stream": false`.
+* Max req/s: a rising ladder of rates with one-token answers through the gateway and through nginx (one
+  worker process, keep-alive upstream, buffering off, access log off — configured in a temp dir); the
+  highest rate each proxy carried with achieved ≥ 95% of requested, < 1% errors and a valid load stage.
+
+The backend is the project's mock server (loadgen/mockserver.py) with no delays; the gateway has one
+tenant with a limit no run reaches, no request log and no envelopes. The load generator, the proxy and
+the mock share the machine's cores, so the figures hold for this machine's load only: the load average is
+printed with them. nginx must be installed (Debian: `apt-get install -y nginx`); without it the nginx
+column is skipped.
+
+    python benchmarks/gateway_bench.py --rates 500,1000,2000 --duration 12 --warmup 2 \
+        --max-rates 1000,2000,3000,4000,6000 --max-duration 5
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+from admit.gateway.stack import Stack, poll
+
+KEY = "sk-bench-tenant-key"
+SHAPES = {"short": 1, "stream": 16}
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def nginx_conf(workdir: Path, port: int, backend: str) -> Path:
+    host = backend.removeprefix("http://")
+    conf = workdir / "nginx.conf"
+    conf.write_text(f"""worker_processes 1;
+pid {workdir}/nginx.pid;
+error_log {workdir}/nginx-error.log warn;
+events {{ worker_connections 4096; }}
+http {{
+  access_log off;
+  client_body_temp_path {workdir}/body;
+  proxy_temp_path {workdir}/proxy;
+  fastcgi_temp_path {workdir}/fastcgi;
+  uwsgi_temp_path {workdir}/uwsgi;
+  scgi_temp_path {workdir}/scgi;
+  upstream backend {{ server {host}; keepalive 256; }}
+  server {{
+    listen 127.0.0.1:{port};
+    location / {{
+      proxy_pass http://backend;
+      proxy_http_version 1.1;
+      proxy_set_header Connection "";
+      proxy_buffering off;
+      proxy_request_buffering off;
+    }}
+  }}
+}}
+""")
+    return conf
+
+
+def loadgen(stack: Stack, url: str, tag: str, rate: float, output: int, duration: float,
+            warmup: float = 0.0) -> dict[str, Any]:
+    work = stack.workdir / tag
+    work.mkdir(parents=True, exist_ok=True)
+    cfg = {"url": url, "api": "completions", "model": "mock", "duration": duration, "seed": 1, "workers": 1,
+           "timeout": 30, "lag_bound_ms": 5, "warmup": warmup,
+           "tenants": [{"name": "t", "rate": rate, "arrival": "constant", "prompt": "16", "output": str(output),
+                        "api_key": KEY}]}
+    (work / "load.yaml").write_text(yaml.safe_dump(cfg))
+    name = f"loadgen-{tag}"
+    stack.spawn(name, ["-m", "admit.cli", "loadgen", "run", "-c", str(work / "load.yaml"), "--out", str(work),
+                       "--no-plot"])
+    rc = stack.wait_exit(name, duration + 120)
+    stack.stop(name)
+    if rc != 0:
+        raise RuntimeError(f"loadgen {tag} failed:\n{stack.log(name).read_text()[-2000:]}")
+    s = json.loads((work / "summary.json").read_text())["stages"][0]
+    lat = s["latency"]["request_latency"]
+    sent = s["load_summary"]["sent"]
+    errors = sum(s["errors"].values())
+    return {"rate": rate, "output": output, "p50_ms": lat["p50"], "p99_ms": lat["p99"],
+            "achieved_rate": s["load_summary"]["achieved_rate"],
+            "achieved_ratio": s["load_summary"]["achieved_ratio"], "completed": s["requests"]["completed"],
+            "error_ratio": errors / max(sent, 1), "valid": s["valid"], "invalid": s["invalid_reasons"],
+            "send_lag_p99_ms": s["load_summary"]["send_lag"]["p99"]}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--rates", default="500,1000,2000")
+    ap.add_argument("--duration", type=float, default=10.0)
+    ap.add_argument("--warmup", type=float, default=2.0, help="seconds kept out of the overhead latencies")
+    ap.add_argument("--max-rates", default="1000,2000,3000,4000,6000")
+    ap.add_argument("--max-duration", type=float, default=5.0)
+    ap.add_argument("--out", type=Path, default=Path("results/gateway_bench.json"))
+    args = ap.parse_args()
+    rates = [float(x) for x in args.rates.split(",") if x]
+    ladder = [float(x) for x in args.max_rates.split(",") if x]
+    nginx = shutil.which("nginx") or (Path("/usr/sbin/nginx") if Path("/usr/sbin/nginx").exists() else None)
+    result: dict[str, Any] = {"loadavg_start": os.getloadavg(), "cpus": os.cpu_count(), "overhead": [],
+                              "max_rate": {}}
+    with tempfile.TemporaryDirectory(prefix="admit-gwbench-") as tmp, Stack(Path(tmp)) as stack:
+        stack.spawn("mock", ["-m", "admit.loadgen.mockserver", "--host", "127.0.0.1", "--port", "0"])
+        mock = stack.wait_listening("mock")
+        gw = stack.gateway(mock, {"telemetry": {"nvml": False, "scrape_interval_s": 60},
+                                  "tenants": [{"name": "t", "api_keys": [KEY], "limit": 100000,
+                                               "max_queue": 100000}]})
+        targets = {"gateway": gw}
+        if nginx is not None:
+            port = free_port()
+            conf = nginx_conf(Path(tmp), port, mock)
+            stack.spawn("nginx", ["-p", tmp, "-c", str(conf), "-g", "daemon off;"], program=str(nginx))
+            targets["nginx"] = f"http://127.0.0.1:{port}"
+            poll(lambda: _listening(port), 20, "nginx to listen")
+        for shape, output in SHAPES.items():
+            for rate in rates:
+                row = {"shape": shape, "rate": rate}
+                for label, url in (("direct", mock), ("gateway", gw)):
+                    tag = f"{shape}-{rate:g}-{label}"
+                    row[label] = loadgen(stack, url, tag, rate, output, args.duration, args.warmup)
+                row["added_p50_ms"] = round(row["gateway"]["p50_ms"] - row["direct"]["p50_ms"], 3)
+                row["added_p99_ms"] = round(row["gateway"]["p99_ms"] - row["direct"]["p99_ms"], 3)
+                result["overhead"].append(row)
+                print(f"{shape:6s} {rate:6g}/s  direct p50 {row['direct']['p50_ms']:.2f} p99 "
+                      f"{row['direct']['p99_ms']:.2f}  gateway p50 {row['gateway']['p50_ms']:.2f} p99 "
+                      f"{row['gateway']['p99_ms']:.2f}  added p50 {row['added_p50_ms']:+.2f} ms p99 "
+                      f"{row['added_p99_ms']:+.2f} ms  (achieved {row['gateway']['achieved_ratio']:.3f}, "
+                      f"valid {row['gateway']['valid']})", flush=True)
+        for label, url in targets.items():
+            steps = []
+            for rate in ladder:
+                r = loadgen(stack, url, f"max-{label}-{rate:g}", rate, 1, args.max_duration)
+                steps.append(r)
+                ok = r["achieved_ratio"] >= 0.95 and r["error_ratio"] < 0.01
+                print(f"max {label:8s} {rate:6g}/s achieved {r['achieved_rate']:.0f}/s ratio "
+                      f"{r['achieved_ratio']:.3f} errors {r['error_ratio']:.3%} p99 {r['p99_ms']} ms "
+                      f"valid {r['valid']} {r['invalid']}", flush=True)
+                if not ok:
+                    break
+            carried = [s["rate"] for s in steps if s["achieved_ratio"] >= 0.95 and s["error_ratio"] < 0.01]
+            result["max_rate"][label] = {"carried": max(carried) if carried else 0.0, "steps": steps}
+    result["loadavg_end"] = os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({k: v["carried"] for k, v in result["max_rate"].items()}), "loadavg", result["loadavg_start"],
+          "→", result["loadavg_end"])
+    print(f"wrote {args.out}")
+
+
+def _listening(port: int) -> bool:
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=1):
+            return True
+    except OSError:
+        return False
+
+
+if __name__ == "__main__":
+    sys.exit(main())
