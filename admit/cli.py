@@ -88,6 +88,25 @@ def evaluate(
         typer.echo(f"wrote {plot}")
 
 
+@app.command()
+def results(
+    seeds: int = typer.Option(20, min=2, help="evaluation seeds per scenario"),
+    scenario: list[str] = typer.Option(None, help="scenario (repeat); default: the three in RESULTS.md"),
+    workers: int = typer.Option(2, min=1, help="worker processes"),
+    out: Path = typer.Option(Path("docs/RESULTS.md"), help="the report to write"),
+) -> None:
+    """Regenerate docs/RESULTS.md: every policy × the results scenarios, CIs, p-values vs static, Pareto plots."""
+    from rich.progress import Progress
+
+    from admit.train.results import SCENARIOS, build
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("results", total=None)
+        chosen = list(scenario or SCENARIOS)
+        build(seeds, chosen, workers, out, progress=lambda i, n: bar.update(task, completed=i, total=n))
+    typer.echo(f"wrote {out}")
+
+
 def main() -> None:
     app()
 
