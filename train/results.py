@@ -130,6 +130,13 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
         "be won is argued in docs/reproduction.md; the policies are described in docs/controllers.md.",
         "",
     ]
+    if not os.environ.get("ADMIT_LLM_URL"):
+        head += [
+            "The LLM-prompted policy was not part of this run (`ADMIT_LLM_URL` unset: it joins on seed-paper when",
+            "a server is up, e.g. under `scripts/llm_server.sh run admit results ...`); its measured seed-paper",
+            "figures with SmolLM2-135M are in docs/llm_policy.md.",
+            "",
+        ]
     text = "\n".join(head) + "\n" + "\n".join(sections)
     out.write_text(text)
     return text
