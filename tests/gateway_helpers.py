@@ -267,7 +267,8 @@ class GatewayProcess:
     def request_log(self) -> list[dict[str, Any]]:
         if not self.request_log_path.exists():
             return []
-        return [json.loads(x) for x in self.request_log_path.read_text().splitlines() if x.strip()]
+        # only complete lines: the gateway may be writing the last one while we read
+        return [json.loads(x) for x in self.request_log_path.read_text().split("\n")[:-1] if x.strip()]
 
     def audit_log(self) -> list[dict[str, Any]]:
         if not self.audit_log_path.exists():

@@ -57,7 +57,12 @@ def test_openai_client_non_streaming_through_the_gateway(gw: GatewayProcess) -> 
     assert chat.choices[0].message.content and chat.usage is not None and 0 < chat.usage.completion_tokens <= 8
     comp = c.completions.create(model=model, prompt="The capital of France is", max_tokens=6, temperature=0)
     assert comp.choices[0].text and comp.usage is not None and comp.usage.prompt_tokens > 0
-    logged = [r for r in gw.request_log() if r["tenant"] == "solo" and not r["stream"]]
+    # the gateway writes a request's log line as it finishes; the client may see the answer a moment earlier
+    def solo_lines() -> list[dict]:
+        lines = [r for r in gw.request_log() if r["tenant"] == "solo" and not r["stream"]]
+        return lines if len(lines) >= 2 else []
+
+    logged = wait_for(solo_lines, 10, "both non-streaming log lines")
     assert len(logged) >= 2 and all(r["outcome"] == "ok" and r["status"] == 200 for r in logged)
 
 
@@ -72,7 +77,8 @@ def test_openai_client_streaming_through_the_gateway(gw: GatewayProcess) -> None
     comp = c.completions.create(model=model, prompt="One, two,", max_tokens=8, stream=True,
                                 extra_body={"ignore_eos": True})
     assert sum(1 for ch in comp if ch.choices and ch.choices[0].text) >= 2
-    new = gw.request_log()[before:]
+    new = wait_for(lambda: gw.request_log()[before:] if len(gw.request_log()) >= before + 2 else [], 10,
+                   "both stream log lines")
     assert [r["stream"] for r in new] == [True, True] and all(r["outcome"] == "ok" for r in new)
     assert all(r["ttft_s"] < r["e2e_s"] for r in new)
 
