@@ -6,7 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from gateway_helpers import ADMIN_TOKEN, CountingMock, GatewayProcess, http, key, tenant_cfg
+from gateway_helpers import ADMIN_TOKEN, CountingMock, GatewayProcess, http, key, tenant_cfg, wait_for
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -82,6 +82,6 @@ def test_trusted_header_mode_and_disabled_admin(mock: CountingMock, tmp_path: Pa
         status, headers, _ = http("POST", g.url + "/v1/completions", body, {"x-tenant": "t2"})
         assert status == 401 and headers["x-admit-reason"] == "unknown-tenant"
         assert g.admin("GET", "/admin/state")[0] == 403  # no token configured: the admin API is off
-        assert g.request_log()[0]["tenant"] == "t1"
+        assert wait_for(g.request_log, 10, "the request-log line")[0]["tenant"] == "t1"
     finally:
         g.stop()

@@ -81,7 +81,11 @@ def test_limit_is_never_exceeded_at_the_backend(gw: GatewayProcess, mock: Counti
     answers = asyncio.run(burst(gw.url, [("exact", 8)] * 15))
     assert [a.status for a in answers] == [200] * 15
     assert mock.counter.max == 3  # the limit is reached (work flows) and never passed
-    waits = [x["queue_wait_s"] for x in gw.request_log() if x["tenant"] == "exact"]
+    def lines() -> list[float]:  # a line is written as its request finishes, just after the answer
+        got = [x["queue_wait_s"] for x in gw.request_log() if x["tenant"] == "exact"]
+        return got if len(got) >= 15 else []
+
+    waits = wait_for(lines, 10, "15 request-log lines")
     assert sum(w > 0.02 for w in waits) >= 10  # 12 of 15 had to wait for a slot
     wait_for(lambda: drained(gw), 5, "in flight 0")
 

@@ -67,7 +67,11 @@ def test_two_replicas_never_pass_the_limit_together(tmp_path: Path, mock: Counti
         answers = asyncio.run(burst([g1.url, g2.url], 14, 12))
         assert answers == [(200, None)] * 14
         assert mock.counter.max == 3  # reached (both replicas' requests flowed) and never passed, together
-        served = [len([x for x in g.request_log() if x["outcome"] == "ok"]) for g in (g1, g2)]
+        def ok_lines() -> list[int]:  # a line is written as its request finishes, just after the answer
+            n = [len([x for x in g.request_log() if x["outcome"] == "ok"]) for g in (g1, g2)]
+            return n if sum(n) >= 14 else []
+
+        served = wait_for(ok_lines, 10, "14 request-log lines")
         assert served == [7, 7]
         # a limit set through one replica's admin API binds the other replica too
         assert g1.admin("PUT", "/admin/limits", {"limits": {"a": 1}})[0] == 200
@@ -121,7 +125,11 @@ def test_redis_killed_mid_run_fail_closed(tmp_path: Path, mock: CountingMock, rs
         assert 'admit_gateway_fail_closed_deferred_total{tenant="a"} 3.0' in metrics
         assert 'admit_gateway_deferred_total{reason="admission-unavailable",tenant="a"} 3.0' in metrics
         assert "admit_gateway_redis_outages_total 1.0" in metrics
-        assert [x["status"] for x in gw.request_log() if x["outcome"] == "admission-unavailable"] == [503] * 3
+        def unavailable() -> list[int]:
+            got = [x["status"] for x in gw.request_log() if x["outcome"] == "admission-unavailable"]
+            return got if len(got) >= 3 else []
+
+        assert wait_for(unavailable, 10, "three request-log lines") == [503] * 3
     finally:
         gw.stop()
 
