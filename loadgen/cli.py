@@ -108,6 +108,29 @@ def _resolve_model(cfg: RunConfig) -> str:
     return discover_model(cfg)
 
 
+# Flags that override the same-named keys of the YAML config (None = not given on the command line).
+_OVERRIDE_KEYS = (
+    "url",
+    "api",
+    "model",
+    "duration",
+    "seed",
+    "workers",
+    "timeout",
+    "tenant_header",
+    "max_retries",
+    "retry_budget",
+    "throttle",
+    "lag_bound_ms",
+    "warmup",
+)
+
+
+def _overrides(args: dict) -> dict:
+    """The command's override flags, by name, from its arguments."""
+    return {k: args[k] for k in _OVERRIDE_KEYS if k in args}
+
+
 @app.command()
 def run(
     out: OutOpt,
@@ -134,21 +157,7 @@ def run(
     from admit.loadgen.report import console_table, stage_summary, write_reports
     from admit.loadgen.runner import StageError, run_stage
 
-    overrides = dict(
-        url=url,
-        api=api,
-        model=model,
-        duration=duration,
-        seed=seed,
-        workers=workers,
-        timeout=timeout,
-        tenant_header=tenant_header,
-        max_retries=max_retries,
-        retry_budget=retry_budget,
-        throttle=throttle,
-        lag_bound_ms=lag_bound_ms,
-        warmup=warmup,
-    )
+    overrides = _overrides(locals())
     try:
         cfg = build_config(config, overrides, tenant, slo).validate()
         model_name = _resolve_model(cfg)
@@ -196,18 +205,7 @@ def sweep(
     from admit.loadgen.runner import StageError
     from admit.loadgen.sweep import run_sweep
 
-    overrides = dict(
-        url=url,
-        api=api,
-        model=model,
-        duration=duration,
-        seed=seed,
-        workers=workers,
-        timeout=timeout,
-        tenant_header=tenant_header,
-        lag_bound_ms=lag_bound_ms,
-        warmup=warmup,
-    )
+    overrides = _overrides(locals())
     try:
         cfg = build_config(config, overrides, tenant, slo)
         sw = cfg.sweep or SweepConfig()
