@@ -26,20 +26,18 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from admit.gateway.stack import StackError, poll
 from admit.loadgen.mockserver import ServerProtocol, Stats
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 
 
 def wait_for(pred: Callable[[], Any], timeout: float = 10.0, what: str = "condition", every: float = 0.01) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        got = pred()
-        if got:
-            return got
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        time.sleep(every)
+    """gateway.stack.poll, failing the test (AssertionError) instead of raising StackError."""
+    try:
+        return poll(pred, timeout, what, every)
+    except StackError as e:
+        raise AssertionError(str(e)) from None
 
 
 class InFlight:
