@@ -23,27 +23,16 @@ from collections.abc import Sequence
 from typing import Any
 
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
-from admit.gateway.admission import QUEUE_FULL, TTL_EXPIRED, Deferred, Lease
+from admit.gateway.admission import Lease, TenantSlots
 from admit.gateway.config import TenantConfig
 
-_EMA = 0.2  # weight of one hold time in the per-tenant mean used for Retry-After estimates
 
-
-class LocalAdmission:
+class LocalAdmission(TenantSlots):
     def __init__(self, tenants: Sequence[TenantConfig], capacity: int | None = None) -> None:
+        super().__init__(tenants)
         self._loop = asyncio.get_running_loop()
-        self.names = [t.name for t in tenants]
-        self.n_tenants = len(tenants)
-        self.nominal = [t.limit for t in tenants]
         self.borrow = [t.borrow for t in tenants]
-        self.priority = [t.priority for t in tenants]
-        self.ttl = [t.queue_ttl_s for t in tenants]
-        self.max_queue = [t.max_queue for t in tenants]
         self.capacity = capacity
-        self.hold_s = [1.0] * self.n_tenants
-        self.queue_full = [0] * self.n_tenants
-        self.ttl_expired = [0] * self.n_tenants
-        self.cancelled = [0] * self.n_tenants
         start = [0 if capacity is not None else t.limit for t in tenants]
         self.core = AdmissionCore(
             [QueueConfig(s, t.max_queue, t.queue_ttl_s) for s, t in zip(start, tenants, strict=True)],
@@ -64,8 +53,7 @@ class LocalAdmission:
                 self._rebalance()
             return Lease(tenant, self._loop.time(), 0.0)
         if got is Offer.REJECTED:
-            self.queue_full[tenant] += 1
-            raise Deferred(QUEUE_FULL, self.retry_estimate(tenant), f"queue of {self.max_queue[tenant]} is full")
+            raise self._full(tenant)
         if self.capacity is not None:
             self._rebalance()
         self._arm_timer()
@@ -85,8 +73,7 @@ class LocalAdmission:
             return
         lease.released = True
         t = lease.tenant
-        held = self._loop.time() - lease.granted_at
-        self.hold_s[t] += _EMA * (held - self.hold_s[t])
+        self._held(t, self._loop.time() - lease.granted_at)
         self._free_slot(t)
         if self.capacity is not None and not self._rebalancing:
             self._rebalance()
@@ -109,15 +96,10 @@ class LocalAdmission:
             fut.set_result(waited)
 
     # ----------------------------------------------------------------- limits
-    def limit(self, tenant: int) -> int:
-        return self.nominal[tenant]
-
     def set_limit(self, tenant: int, limit: int) -> int:
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        old, self.nominal[tenant] = self.nominal[tenant], int(limit)
+        old = self._set_nominal(tenant, limit)
         if self.capacity is None:
-            for fut, waited in self.core.set_limit(tenant, int(limit)):
+            for fut, waited in self.core.set_limit(tenant, self.nominal[tenant]):
                 self._deliver(tenant, fut, waited)
         else:
             self._rebalance()
@@ -181,19 +163,14 @@ class LocalAdmission:
     def _on_timer(self) -> None:
         self._timer, self._timer_at = None, math.inf
         for tenant, fut, _waited in self.core.expire():
-            self.ttl_expired[tenant] += 1
+            deferred = self._expired(tenant)
             if not fut.done():
-                fut.set_exception(
-                    Deferred(TTL_EXPIRED, self.retry_estimate(tenant), f"waited longer than {self.ttl[tenant]:g} s")
-                )
+                fut.set_exception(deferred)
         self._arm_timer()
 
     # ----------------------------------------------------------------- state
-    def retry_estimate(self, tenant: int) -> float:
-        """Seconds until a slot is likely free: mean hold time x (queue + 1) / limit, within [1 s, TTL]."""
-        lim = max(1, self.nominal[tenant])
-        est = self.hold_s[tenant] * (self.core.queue_depth(tenant) + 1) / lim
-        return min(max(1.0, est), max(1.0, self.ttl[tenant]))
+    def _queue_len(self, tenant: int) -> int:
+        return self.core.queue_depth(tenant)
 
     def in_flight(self, tenant: int) -> int:
         return self.core.in_flight(tenant)

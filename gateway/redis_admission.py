@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import redis.asyncio as aioredis
-from admit.gateway.admission import ADMISSION_UNAVAILABLE, QUEUE_FULL, TTL_EXPIRED, Deferred, Lease
+from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred, Lease, TenantSlots
 from admit.gateway.config import RedisConfig, TenantConfig
 from admit.gateway.redis_scripts import ACQUIRE, READ, RELEASE, RENEW, SET_LIMIT
 from redis.asyncio.retry import Retry
@@ -47,7 +47,6 @@ from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
 log = logging.getLogger("admit.gateway.redis")
-_EMA = 0.2
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
 
 
@@ -78,21 +77,12 @@ class _Waiter:
         self.since = since
 
 
-class RedisAdmission:
+class RedisAdmission(TenantSlots):
     def __init__(self, tenants: Sequence[TenantConfig], cfg: RedisConfig, replica: str | None = None) -> None:
+        super().__init__(tenants)
         self._loop = asyncio.get_running_loop()
         self.cfg = cfg
         self.replica = replica or f"{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        self.names = [t.name for t in tenants]
-        self.n_tenants = len(tenants)
-        self.nominal = [t.limit for t in tenants]
-        self.priority = [t.priority for t in tenants]
-        self.ttl = [t.queue_ttl_s for t in tenants]
-        self.max_queue = [t.max_queue for t in tenants]
-        self.hold_s = [1.0] * self.n_tenants
-        self.queue_full = [0] * self.n_tenants
-        self.ttl_expired = [0] * self.n_tenants
-        self.cancelled = [0] * self.n_tenants
         self.admitted = [0] * self.n_tenants
         self.local = [0] * self.n_tenants  # leases this replica holds (shared or open)
         self.shared = [0] * self.n_tenants  # leases all replicas hold, as last read from Redis
@@ -165,8 +155,7 @@ class RedisAdmission:
                 return lease
         q = self.queues[tenant]
         if len(q) >= self.max_queue[tenant]:
-            self.queue_full[tenant] += 1
-            raise Deferred(QUEUE_FULL, self.retry_estimate(tenant), f"queue of {self.max_queue[tenant]} is full")
+            raise self._full(tenant)
         w = _Waiter(self._loop.create_future(), self._loop.time())
         q.append(w)
         self._kick[tenant].set()
@@ -185,8 +174,7 @@ class RedisAdmission:
             w.fut.cancel()
             with contextlib.suppress(ValueError):
                 q.remove(w)
-            self.ttl_expired[tenant] += 1
-            raise Deferred(TTL_EXPIRED, self.retry_estimate(tenant), f"waited longer than {self.ttl[tenant]:g} s")
+            raise self._expired(tenant)
         lease = w.fut.result()
         lease.waited_s = self._loop.time() - w.since
         return lease
@@ -246,7 +234,7 @@ class RedisAdmission:
             return
         lease.released = True
         t = lease.tenant
-        self.hold_s[t] += _EMA * (self._loop.time() - lease.granted_at - self.hold_s[t])
+        self._held(t, self._loop.time() - lease.granted_at)
         self.local[t] -= 1
         lid = getattr(lease, "id", "")
         if self.live.pop(lid, None) is None:
@@ -296,13 +284,8 @@ class RedisAdmission:
                     self.release(lease)
 
     # ----------------------------------------------------------------- limits
-    def limit(self, tenant: int) -> int:
-        return self.nominal[tenant]
-
     def set_limit(self, tenant: int, limit: int) -> int:
-        if limit < 0:
-            raise ValueError(f"limit must be >= 0, got {limit}")
-        old, self.nominal[tenant] = self.nominal[tenant], int(limit)
+        old = self._set_nominal(tenant, limit)
         self.dirty_limits.add(tenant)
         self._spawn(self._push_limit(tenant))
         self._kick[tenant].set()
@@ -383,10 +366,8 @@ class RedisAdmission:
                 self._kick[t].set()
 
     # ----------------------------------------------------------------- state
-    def retry_estimate(self, tenant: int) -> float:
-        lim = max(1, self.nominal[tenant])
-        est = self.hold_s[tenant] * (len(self.queues[tenant]) + 1) / lim
-        return min(max(1.0, est), max(1.0, self.ttl[tenant]))
+    def _queue_len(self, tenant: int) -> int:
+        return len(self.queues[tenant])
 
     def in_flight(self, tenant: int) -> int:
         return self.local[tenant]

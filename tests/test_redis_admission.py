@@ -83,3 +83,33 @@ def test_gcra_script_mirrors_gcra_py(rs: RedisServer) -> None:
     assert res[4][0] == 0 and res[4][1] == 2  # the request bucket defers
     assert float(res[5][3]) == pytest.approx(100.0)  # the token bucket was not charged
     assert res[7][0] == 1  # the refunded unit can be spent again at once
+
+
+def test_both_backends_set_limits_through_one_check(rs: RedisServer) -> None:
+    """The limit-setting rule lives once (admission.TenantSlots): same answers, same errors, in both backends."""
+    from admit.gateway.local_admission import LocalAdmission
+
+    tenants = [TenantConfig(name="a", limit=2), TenantConfig(name="b", limit=5)]
+
+    async def run() -> list[tuple[int, int, list[str]]]:
+        shared = RedisAdmission(tenants, RedisConfig(url=rs.url), "r1")
+        await shared.start()
+        try:
+            out = []
+            for adm in (LocalAdmission(tenants), shared):
+                errors = []
+                for bad in (-1, 2.5, True, "3", None):
+                    with pytest.raises(ValueError) as exc:
+                        adm.set_limit(0, bad)  # type: ignore[arg-type]
+                    errors.append(str(exc.value))
+                old = adm.set_limit(0, 7)
+                out.append((old, adm.limit(0), errors))
+            return out
+        finally:
+            await shared.close()
+
+    local, shared = asyncio.run(run())
+    assert local == shared
+    assert local[0] == 2 and local[1] == 7
+    assert local[2][0] == "limit must be an integer >= 0, got -1"
+    assert local[2][1] == "limit must be an integer >= 0, got 2.5"
