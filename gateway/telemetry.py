@@ -183,11 +183,13 @@ class LiveTelemetry:
         self._task: asyncio.Task[None] | None = None
 
     # ----------------------------------------------------------------- gateway events
+    # Events are stamped on the Observation's clock (seconds since start), the one the windows are pruned
+    # with: stamped with the raw monotonic clock they were never older than the window and never left it.
     def arrival(self, tenant: int) -> None:
-        self.windows[tenant].on_arrival(self.clock())
+        self.windows[tenant].on_arrival(self.clock() - self.t0)
 
     def finished(self, tenant: int, outcome: str, e2e_s: float, ttft_s: float | None, wait_s: float | None) -> None:
-        now = self.clock()
+        now = self.clock() - self.t0
         w = self.windows[tenant]
         if outcome == "ok":
             w.on_completion(now, e2e_s, e2e_s if ttft_s is None else ttft_s, wait_s or 0.0)

@@ -96,6 +96,26 @@ def test_live_observation_has_the_simulators_layout(gw: GatewayProcess) -> None:
     assert spec.tenants == ref.tenants and spec.limits.max == ref.limits.max and spec.window_s == ref.window_s
 
 
+def test_the_live_windows_slide_like_the_simulators(emu: Emulator, tmp_path: Path) -> None:
+    """Window counts and percentiles cover the last window_s seconds, as in the simulator, not the whole run."""
+    cfg = {"telemetry": {"scrape_interval_s": 0.2, "window_s": 1.0},
+           "tenants": [tenant_cfg("bursty", limit=3, **SLO), tenant_cfg("steady", limit=3, **SLO)]}
+    g = GatewayProcess(tmp_path, emu.url, cfg)
+    try:
+        c = client(g)
+        assert asyncio.run(_requests(g.url, "bursty", 2)) == [200] * 2
+        seen = c.observation()["observation"]["tenants"][0]
+        assert (seen["arrivals"], seen["completions"]) == (2, 2) and seen["e2e_p99"] > 0
+        gone = wait_for(lambda: (t := c.observation()["observation"]["tenants"][0])["completions"] == 0 and t, 10,
+                        "the two completions to leave the 1 s window")
+        assert gone["arrivals"] == gone["samples"] == 0 and gone["e2e_p99"] == 0  # arrivals left it first
+        assert asyncio.run(_requests(g.url, "bursty", 1)) == [200]  # a new event counts from zero again
+        again = c.observation()["observation"]["tenants"][0]
+        assert (again["arrivals"], again["completions"]) == (1, 1)
+    finally:
+        g.stop()
+
+
 def test_stale_telemetry_reads_as_saturated(tmp_path: Path) -> None:
     cfg = parse_config({"telemetry": {"metrics_url": f"http://127.0.0.1:{free_port()}/metrics",
                                       "stale_after_s": 0.5, "stale_waiting": 50, "nvml": False},
