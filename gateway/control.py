@@ -100,10 +100,14 @@ class LoopStats:
 class ControlLoop:
     def __init__(self, client: GatewayClient, policy: Controller, spec: ControlSpec, *, shadow: bool = False,
                  act_timeout_s: float | None = None, max_failures: int = 3, fallback: Controller | None = None,
-                 log_path: Path | None = None, seed: int = 0) -> None:
+                 log_path: Path | None = None, seed: int = 0, start_on_traffic: bool = False,
+                 traffic_poll_s: float = 0.01) -> None:
         self.client = client
         self.spec = spec
         self.shadow = shadow
+        self.start_on_traffic = start_on_traffic
+        self.traffic_poll_s = traffic_poll_s
+        self.traffic_t0: float | None = None  # time.monotonic() of the first arrival, when started on traffic
         self.act_timeout_s = act_timeout_s if act_timeout_s is not None else max(0.05, spec.interval_s / 2)
         self.max_failures = max_failures
         self.fallback = fallback
@@ -142,7 +146,7 @@ class ControlLoop:
 
     def step(self) -> dict[str, Any]:
         s = self.stats
-        t = time.time()
+        t, mono = time.time(), time.monotonic()
         try:
             data = self.client.observation()
             obs = read_observation(data, self.spec)
@@ -191,9 +195,10 @@ class ControlLoop:
                     outcome = f"apply-error: {str(exc)[:200]}"
         line = {
             "time": round(t, 3),
+            **({} if self.traffic_t0 is None else {"since_traffic_s": round(mono - self.traffic_t0, 3)}),
             "decision": s.decisions,
             "policy": policy_name,
-            "observation": _summary(obs, self.names, data.get("telemetry", {})),
+            "observation": observation_summary(obs, self.names, data.get("telemetry", {})),
             "deltas": deltas,
             "limits_before": dict(zip(self.names, before, strict=True)),
             "limits_after": dict(zip(self.names, after, strict=True)),
@@ -205,29 +210,67 @@ class ControlLoop:
         self.last = line
         return line
 
+    def wait_for_traffic(self, sleep: Any = time.sleep) -> float:
+        """Poll the Observation until a request has arrived; returns when it arrived (``time.monotonic()``).
+
+        It arrived after the gateway built the last observation with no arrivals and before it built the
+        first one with some: the midpoint of those two calls, within half a poll (plus the round trips).
+        """
+        log.info("waiting for the first request at the gateway")
+        last_empty = time.monotonic()
+        while True:
+            sent = time.monotonic()
+            try:
+                data = self.client.observation()
+                arrived = sum(t["arrivals"] + t["completions"] for t in data["observation"]["tenants"])
+            except (OSError, RuntimeError, ValueError, KeyError, TypeError):
+                arrived = 0  # not up, or an answer we cannot read: keep polling
+            got = time.monotonic()
+            if arrived > 0:
+                return (last_empty + got) / 2
+            last_empty = sent
+            sleep(self.traffic_poll_s)
+
     def run(self, steps: int | None = None, sleep: Any = time.sleep) -> LoopStats:
-        """Decide every ``interval_s`` (on a fixed schedule, not drifting with the decision's own time)."""
+        """Decide every ``interval_s`` (on a fixed schedule, not drifting with the decision's own time).
+
+        ``start_on_traffic``: the first decision is made at once (on an idle gateway, as the simulator's at
+        t = 0 sees no arrivals yet), the next ones at ``interval_s``, 2 ``interval_s``, ... after the first
+        request arrives — the simulator's schedule, whose clock starts with its first arrival. Otherwise
+        the schedule starts when the loop does.
+        """
         next_at = time.monotonic()
         n = 0
+        if self.start_on_traffic and (steps is None or steps > 0):
+            self.step()
+            n = 1
+            self.traffic_t0 = self.wait_for_traffic(sleep)
+            next_at = self.traffic_t0 + self.spec.interval_s
+            delay = next_at - time.monotonic()
+            if delay > 0 and (steps is None or n < steps):
+                sleep(delay)
         while steps is None or n < steps:
             self.step()
             n += 1
             next_at += self.spec.interval_s
-            delay = next_at - time.monotonic()
-            if delay > 0 and (steps is None or n < steps):
-                sleep(delay)
-            elif delay <= 0:
-                next_at = time.monotonic()
+            now = time.monotonic()
+            if next_at <= now:  # a decision overran its interval: skip the missed ticks, keep the schedule's phase
+                next_at += math.ceil((now - next_at) / self.spec.interval_s + 1e-9) * self.spec.interval_s
+            if steps is None or n < steps:
+                sleep(next_at - now)
         return self.stats
 
 
-def _summary(obs: Observation, names: list[str], telemetry: dict[str, Any]) -> dict[str, Any]:
+def observation_summary(obs: Observation, names: list[str], telemetry: dict[str, Any]) -> dict[str, Any]:
+    """The decision log's view of an Observation (also what `admit sim2live` logs for the simulator's decisions)."""
     return {
+        "time_s": round(obs.time_s, 3),
         "gpu_mem_util": round(obs.gpu_mem_util, 4),
         "engine_running": obs.engine_running,
         "engine_waiting": obs.engine_waiting,
         "stale": telemetry.get("stale"),
         "tenants": {n: {"queue_depth": t.queue_depth, "in_flight": t.in_flight, "limit": t.limit,
-                        "arrivals": t.arrivals, "completions": t.completions, "e2e_p99": round(t.e2e_p99, 4),
-                        "ttft_p99": round(t.ttft_p99, 4)} for n, t in zip(names, obs.tenants, strict=True)},
+                        "arrivals": t.arrivals, "completions": t.completions, "drops": t.drops,
+                        "rejections": t.rejections, "e2e_p99": round(t.e2e_p99, 4), "ttft_p99": round(t.ttft_p99, 4),
+                        "queue_wait_p99": round(t.queue_wait_p99, 4)} for n, t in zip(names, obs.tenants, strict=True)},
     }

@@ -33,6 +33,8 @@ def control(
     fallback: str = typer.Option("static", help="policy used after max-failures failures"),
     log: Path | None = typer.Option(None, help="JSONL decision log"),
     steps: int | None = typer.Option(None, min=1, help="stop after this many decisions (default: run until killed)"),
+    start_on_traffic: bool = typer.Option(
+        False, help="decide once now, then every interval from the first request's arrival (the simulator's clock)"),
 ) -> None:
     """Drive the gateway's per-tenant limits with a policy: observe, decide, clamp, apply, every interval."""
     from admit.controllers.registry import make_controller
@@ -66,9 +68,9 @@ def control(
         raise typer.Exit(2) from None
     timeout = parse_interval(act_timeout) if act_timeout else None
     loop = ControlLoop(client, pol, cspec, shadow=shadow, act_timeout_s=timeout, max_failures=max_failures,
-                       fallback=fb, log_path=log)
+                       fallback=fb, log_path=log, start_on_traffic=start_on_traffic)
     typer.echo(f"controlling {gateway} with {pol.name} every {cspec.interval_s:g} s"
-               f"{' (shadow)' if shadow else ''}", err=True)
+               f"{' from the first request' if start_on_traffic else ''}{' (shadow)' if shadow else ''}", err=True)
     try:
         stats = loop.run(steps)
     except KeyboardInterrupt:

@@ -111,7 +111,7 @@ def run_demo(duration: float, policy: str, out: Path, seed: int, bursty_rps: flo
         for label, pol in (("static", "static"), ("policy", policy)):
             console.print(f"run '{label}': gateway + control loop ({pol}) + admit loadgen for {duration:g} s ...")
             cfg = gateway_config(limit)
-            runs[label] = run_live(stack, emu, label, cfg, load, pol, 3.0, scenario="seed-paper")
+            runs[label] = run_live(stack, emu, label, cfg, load, pol, 3.0, scenario="seed-paper", start_on_traffic=True)
         lateness = _emulator_lateness(stack, emu)
     result = {"duration_s": duration, "seed": seed, "policy": policy, "initial_limit": limit, "note": note,
               "backend": "admit emulate",

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from admit.gateway.stack import Stack
+from admit.gateway.stack import Stack, poll
 
 
 def _p99_s(block: dict[str, Any], name: str) -> float | None:
@@ -28,13 +28,18 @@ def _p50_s(block: dict[str, Any]) -> float | None:
     return None if v is None else round(v / 1000, 4)
 
 
-def _limits(decision_log: Path) -> dict[str, list[int]]:
+def read_decisions(decision_log: Path) -> list[dict[str, Any]]:
+    """The loop's decision log (one JSON object a line, complete lines only); none if it was never written."""
+    if not decision_log.is_file():
+        return []
+    lines = decision_log.read_text().split("\n")[:-1]  # what follows the last newline may be half-written
+    return [json.loads(line) for line in lines if line.strip()]
+
+
+def _limits(decisions: list[dict[str, Any]]) -> dict[str, list[int]]:
     """Each tenant's limits after every decision of the loop."""
     out: dict[str, list[int]] = {}
-    if not decision_log.is_file():
-        return out
-    for line in decision_log.read_text().splitlines():
-        rec = json.loads(line)
+    for rec in decisions:
         after = rec.get("limits_after") or rec.get("limits_before") or {}
         items = after.items() if isinstance(after, dict) else enumerate(after)
         for k, v in items:
@@ -51,8 +56,13 @@ def run_live(
     policy: str | None,
     interval_s: float,
     scenario: str | None = None,
+    start_on_traffic: bool = False,
 ) -> dict[str, Any]:
-    """Run ``load_cfg`` (an `admit loadgen` run file without ``url``) through a new gateway; see module doc."""
+    """Run ``load_cfg`` (an `admit loadgen` run file without ``url``) through a new gateway; see module doc.
+
+    ``start_on_traffic``: the loop decides once before the load starts (on the idle gateway) and then
+    every ``interval_s`` from the first request's arrival, which is the simulator's schedule.
+    """
     work = stack.workdir / tag
     work.mkdir(parents=True, exist_ok=True)
     gw_name, ctl_name, lg_name = f"gateway-{tag}", f"control-{tag}", f"loadgen-{tag}"
@@ -60,7 +70,10 @@ def run_live(
     gw = stack.gateway(backend, cfg, name=gw_name)
     decisions = work / "decisions.jsonl"
     if policy is not None:
-        stack.control(gw, policy, interval_s, decisions, scenario=scenario, name=ctl_name)
+        stack.control(gw, policy, interval_s, decisions, scenario=scenario, name=ctl_name,
+                      start_on_traffic=start_on_traffic)
+        if start_on_traffic:  # its first decision sees the gateway idle, as the simulator's at t = 0 does
+            poll(lambda: read_decisions(decisions), 60, "the control loop's first decision")
     load_path = work / "load.yaml"
     load_path.write_text(yaml.safe_dump({"url": gw, **load_cfg}, sort_keys=False))
     out = work / "loadgen"
@@ -77,7 +90,8 @@ def run_live(
         tail = stack.log(lg_name).read_text(errors="replace")[-2000:]
         raise RuntimeError(f"admit loadgen failed (status {rc}):\n{tail}")
     stage = json.loads(summary_path.read_text())["stages"][0]
-    limits = _limits(decisions)
+    log = read_decisions(decisions)
+    limits = _limits(log)
     tenants: dict[str, Any] = {}
     for name, block in stage["tenants"].items():
         gst = state["tenants"].get(name, {})
@@ -107,7 +121,9 @@ def run_live(
         "ttft_p99_s": _p99_s(stage, "time_to_first_token"),
         "e2e_p99_s": _p99_s(stage, "request_latency"),
         "e2e_p50_s": _p50_s(stage),
-        "decisions": sum(1 for _ in decisions.open()) if decisions.is_file() else 0,
+        "decisions": len(log),
+        "decision_log": [{k: rec[k] for k in ("time", "since_traffic_s", "decision", "deltas", "limits_after",
+                                               "outcome") if k in rec} for rec in log],
         "tenants": tenants,
         "workdir": str(work),
     }

@@ -165,12 +165,18 @@ class Stack:
         return url
 
     def control(self, gateway: str, policy: str, interval_s: float, log: Path, scenario: str | None = None,
-                name: str = "control", timeout: float = 120) -> None:
-        """``admit control``; returns once the policy is loaded and the loop runs."""
+                name: str = "control", timeout: float = 120, start_on_traffic: bool = False) -> None:
+        """``admit control``; returns once the policy is loaded and the loop runs.
+
+        ``start_on_traffic``: the loop decides once at once, then every interval from the first request's
+        arrival at the gateway (``--start-on-traffic``), so its decisions sit where the simulator's do.
+        """
         args = ["-m", "admit.cli", "control", "--gateway", gateway, "--admin-token-env", ADMIN_ENV,
                 "--policy", policy, "--interval", f"{interval_s:g}s", "--log", str(log)]
         if scenario is not None:
             args += ["--scenario", scenario]
+        if start_on_traffic:
+            args.append("--start-on-traffic")
         self.spawn(name, args)
         self.wait_line(name, "controlling ", timeout)
 

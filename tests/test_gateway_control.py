@@ -116,6 +116,44 @@ def test_the_live_windows_slide_like_the_simulators(emu: Emulator, tmp_path: Pat
         g.stop()
 
 
+def test_a_loop_started_on_traffic_decides_on_the_simulators_schedule(emu: Emulator, tmp_path: Path) -> None:
+    """Decision k after the first arrival comes k intervals after it (the simulator's clock starts there too).
+
+    The load starts half an interval after the loop's first decision, so a loop on its own schedule would be
+    half an interval off and fail the bound.
+    """
+    import threading
+
+    cfg = {"telemetry": {"scrape_interval_s": 0.2, "window_s": 6},
+           "tenants": [tenant_cfg("bursty", limit=3, **SLO), tenant_cfg("steady", limit=3, **SLO)]}
+    (tmp_path / "gw").mkdir()
+    g = GatewayProcess(tmp_path / "gw", emu.url, cfg)
+    interval, log = 0.5, tmp_path / "decisions.jsonl"
+    loop = ControlLoop(client(g), make_controller("static"), _spec(g, interval), log_path=log, start_on_traffic=True)
+    runner = threading.Thread(target=loop.run, kwargs={"steps": 4}, daemon=True)
+    try:
+        runner.start()
+        first = wait_for(lambda: log.is_file() and log.read_text().count("\n") >= 1, 20, "the first decision")
+        assert first
+        lines = [json.loads(x) for x in log.read_text().splitlines()]
+        assert lines[0]["observation"]["tenants"]["bursty"]["arrivals"] == 0  # decided before any traffic
+        # Not waiting for anything: this puts the load's start half an interval off the loop's own schedule.
+        time.sleep(max(0.0, lines[0]["time"] + interval / 2 - time.time()))
+        assert asyncio.run(_requests(g.url, "bursty", 1)) == [200]
+        runner.join(timeout=20)
+        assert not runner.is_alive()
+        arrival = wait_for(lambda: [r for r in g.request_log() if r["path"] == "/v1/completions"], 10,
+                           "the request's log line")[0]["arrival"]
+        lines = [json.loads(x) for x in log.read_text().splitlines()]
+        assert len(lines) == 4
+        after = [x["time"] - arrival for x in lines[1:]]  # the gateway's own arrival stamp, not the loop's guess
+        assert all(abs(a - k * interval) < 0.1 for k, a in enumerate(after, start=1)), after
+        assert all(abs(x["since_traffic_s"] - k * interval) < 0.1 for k, x in enumerate(lines[1:], start=1))
+    finally:
+        loop.close()
+        g.stop()
+
+
 def test_stale_telemetry_reads_as_saturated(tmp_path: Path) -> None:
     cfg = parse_config({"telemetry": {"metrics_url": f"http://127.0.0.1:{free_port()}/metrics",
                                       "stale_after_s": 0.5, "stale_waiting": 50, "nvml": False},
