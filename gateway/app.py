@@ -22,7 +22,7 @@ import json
 import logging
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import aiohttp
 from admit.gateway.admin import AdminApi
@@ -36,6 +36,9 @@ from admit.gateway.local_admission import LocalAdmission
 from admit.gateway.metrics import GatewayMetrics
 from admit.gateway.telemetry import LiveTelemetry
 from admit.gateway.upstream import BackendTimeout, NoBackend, Upstream
+
+if TYPE_CHECKING:
+    from admit.gateway.redis_envelopes import SharedEnvelopeBook
 
 log = logging.getLogger("admit.gateway")
 
@@ -103,6 +106,11 @@ class Gateway:
         self._trusted = cfg.auth.header.lower().encode() if cfg.auth.mode == "trusted_header" else None
         self.clock = time.monotonic
         self.book = EnvelopeBook(on_alert=self._on_alert)
+        self.shared_book: SharedEnvelopeBook | None = None
+        if cfg.redis is not None:  # the envelopes' budget is one for all replicas, kept in Redis
+            from admit.gateway.redis_envelopes import SharedEnvelopeBook
+
+            self.book = self.shared_book = SharedEnvelopeBook(cfg.redis, self.clock, on_alert=self._on_alert)
         for t in cfg.tenants:
             for env in t.envelopes:
                 self.book.configure(t.name, env, self.clock())
@@ -128,6 +136,8 @@ class Gateway:
 
             shared = RedisAdmission(self.cfg.tenants, self.cfg.redis)
             await shared.start()
+            assert self.shared_book is not None
+            await self.shared_book.attach(shared)
             self.metrics.registry.register(RedisCollector(shared))
             self._admission = shared
         if self._admission is None:
@@ -247,7 +257,9 @@ class Gateway:
         name = self.names[tenant]
         charge: Charge | None = None
         try:
-            got = self.book.charge(name, info.model, info.cost_tokens, self.clock())
+            shared = self.shared_book
+            got = (self.book.charge(name, info.model, info.cost_tokens, self.clock()) if shared is None
+                   else await shared.charge_shared(name, info.model, info.cost_tokens))
             if isinstance(got, Deferral):
                 why = f"rate envelope '{got.target}' has no {got.unit} left"
                 raise Deferred(ENVELOPE_EMPTY, got.retry_after_s, why)

@@ -36,7 +36,7 @@ import uuid
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import redis.asyncio as aioredis
 from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred, Lease, TenantSlots
@@ -77,7 +77,19 @@ class _Waiter:
         self.since = since
 
 
+class Attached(Protocol):
+    """Other shared state riding on this backend's connection and up/down state (the rate envelopes)."""
+
+    async def refresh(self) -> None: ...
+
+    async def recover(self) -> None: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+
 class RedisAdmission(TenantSlots):
+    ERRORS = _ERRORS  # what counts as Redis being unreachable
+
     def __init__(self, tenants: Sequence[TenantConfig], cfg: RedisConfig, replica: str | None = None) -> None:
         super().__init__(tenants)
         self._loop = asyncio.get_running_loop()
@@ -109,6 +121,7 @@ class RedisAdmission(TenantSlots):
         self._kick = [asyncio.Event() for _ in tenants]
         self._tasks: list[asyncio.Task[None]] = []
         self._bg: set[asyncio.Task[Any]] = set()
+        self.attached: list[Attached] = []  # refreshed with the leases, recovered before they count as up
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -118,7 +131,7 @@ class RedisAdmission(TenantSlots):
                 await self.r.hsetnx(self._limits_key, name, lim)
             await self._refresh()
         except _ERRORS as exc:
-            self._down(exc)
+            self.mark_down(exc)
         self._tasks = [asyncio.ensure_future(self._pump(t)) for t in range(self.n_tenants)]
         self._tasks.append(asyncio.ensure_future(self._maintain()))
 
@@ -140,7 +153,7 @@ class RedisAdmission(TenantSlots):
         self._bg.add(task)
         task.add_done_callback(self._bg.discard)
 
-    def _down(self, exc: BaseException) -> None:
+    def mark_down(self, exc: BaseException) -> None:
         self.stats.errors += 1
         if self.up:
             self.up = False
@@ -193,7 +206,7 @@ class RedisAdmission(TenantSlots):
             raise
         except _ERRORS as exc:
             self._forget(t, lid)
-            self._down(exc)
+            self.mark_down(exc)
             return self._fallback(t, fresh)
         granted, holders, limit, expired = (int(x) for x in got)
         self.stats.leases_expired += expired
@@ -250,7 +263,7 @@ class RedisAdmission(TenantSlots):
             await self._release(keys=[self._zkeys[t]], args=[lid])
         except _ERRORS as exc:
             self.pending_release.append((t, lid))
-            self._down(exc)
+            self.mark_down(exc)
         else:
             self.shared[t] = max(0, self.shared[t] - 1)
         self._kick[t].set()
@@ -296,7 +309,7 @@ class RedisAdmission(TenantSlots):
         try:
             await self._set_limit(keys=[self._limits_key], args=[self.names[t], value])
         except _ERRORS as exc:
-            self._down(exc)  # stays dirty: written again when Redis is back
+            self.mark_down(exc)  # stays dirty: written again when Redis is back
             return
         if self.nominal[t] == value:
             self.dirty_limits.discard(t)
@@ -319,8 +332,10 @@ class RedisAdmission(TenantSlots):
                     await self._renew_all()
                     last_renew = self._loop.time()
                 await self._refresh()
+                for other in self.attached:
+                    await other.refresh()
             except _ERRORS as exc:
-                self._down(exc)
+                self.mark_down(exc)
 
     async def _recover(self) -> None:
         pending, self.pending_release = self.pending_release, []
@@ -333,6 +348,8 @@ class RedisAdmission(TenantSlots):
             self.stats.releases_retried += 1
         for t in list(self.dirty_limits):
             await self._push_limit(t)
+        for other in self.attached:
+            await other.recover()
         written: set[str] = set()
         while set(self.live) - written:  # leases granted open while we were writing: write those too
             written = set(self.live)
@@ -412,5 +429,6 @@ class RedisAdmission(TenantSlots):
                 "releases_retried": s.releases_retried,
                 "pending_releases": len(self.pending_release),
                 "leases_held": len(self.live),
+                **{k: v for other in self.attached for k, v in other.stats().items()},
             },
         }

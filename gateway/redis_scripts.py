@@ -14,8 +14,9 @@ restarted server).
 **GCRA.** The arithmetic of gateway/gcra.py, line for line, on TATs kept in server microseconds: with
 ``T = 1e6 / rate`` and ``tau = max(T * burst, qty * T)``, ``new_tat = max(tat, now) + qty * T`` is allowed
 iff ``new_tat - tau <= now``. All buckets of a request are checked before any is charged (one script), so a
-deferral spends nothing. A bucket key expires when its bucket is full again. Numbers come back as strings:
-Redis truncates Lua numbers to integers.
+deferral spends nothing. A bucket key expires (a second after) its bucket is full again. Rate and burst come
+from the caller (every replica holds the same envelope configs, kept in one hash: SET_ENVELOPE). Numbers
+come back as strings: Redis truncates Lua numbers to integers.
 """
 
 from __future__ import annotations
@@ -79,26 +80,31 @@ end
 return out
 """
 
-# KEYS: bucket keys. ARGV: rate, burst, qty per bucket (3 values each), then "spend" | "peek" | "refund".
-# Returns {allowed 0|1, index of the bucket that defers (1-based, 0 if none), retry after s, remaining...}.
+# KEYS: n bucket keys, then one backoff key per envelope involved. ARGV: mode ("spend" | "peek" | "refund" |
+# "read"), n, then rate, burst, qty per bucket. "spend" charges every bucket or none; when it defers, every
+# backoff key is pushed to now + the wait (never earlier than it was). "read" charges nothing and ignores qty.
+# Returns {allowed 0|1, index of the bucket that defers (1-based, 0 if none), retry after s,
+#          per bucket: seconds its TAT is ahead of now (the debt; remaining = burst - ahead * rate),
+#          per backoff key: seconds of backoff left}.
 GCRA = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1e6 + tonumber(t[2])
-local mode = ARGV[#ARGV]
-local n = #KEYS
+local mode = ARGV[1]
+local n = tonumber(ARGV[2])
+local tats = {}
 local new = {}
-local rem = {}
 local worst, worst_i = -1, 0
 for i = 1, n do
-  local rate = tonumber(ARGV[3 * i - 2])
-  local burst = tonumber(ARGV[3 * i - 1])
-  local qty = tonumber(ARGV[3 * i])
+  local rate = tonumber(ARGV[3 * i])
+  local burst = tonumber(ARGV[3 * i + 1])
+  local qty = tonumber(ARGV[3 * i + 2])
   local v = redis.call('GET', KEYS[i])
   local tat = v and tonumber(v) or now
+  tats[i] = tat
   local T = 1e6 / rate
   if mode == 'refund' then
     new[i] = math.max(now, tat - qty * T)
-  else
+  elseif mode ~= 'read' then
     local tau = math.max(T * burst, qty * T)
     new[i] = math.max(tat, now) + qty * T
     local allow_at = new[i] - tau
@@ -106,19 +112,58 @@ for i = 1, n do
       worst, worst_i = allow_at - now, i
     end
   end
-  rem[i] = {tat, rate, burst}
 end
 local allowed = worst < 0 and 1 or 0
+local write = (allowed == 1 and mode == 'spend') or mode == 'refund'
 local out = {allowed, worst_i, string.format('%.6f', math.max(worst, 0) / 1e6)}
 for i = 1, n do
-  local tat = rem[i][1]
-  if (allowed == 1 and mode == 'spend') or mode == 'refund' then
+  local tat = tats[i]
+  if write then
     tat = new[i]
-    local ttl = math.ceil((tat - now) / 1000) + 1000
-    redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', ttl)
+    redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
   end
-  local left = rem[i][3] - math.max(0, tat - now) * rem[i][2] / 1e6
-  out[#out + 1] = string.format('%.6f', math.max(0, left))
+  out[#out + 1] = string.format('%.6f', math.max(0, tat - now) / 1e6)
+end
+for i = n + 1, #KEYS do
+  local v = redis.call('GET', KEYS[i])
+  local until_ = v and tonumber(v) or 0
+  if mode == 'spend' and allowed == 0 and now + worst > until_ then
+    until_ = now + worst
+    redis.call('SET', KEYS[i], string.format('%.3f', until_), 'PX', math.ceil(worst / 1000) + 1)
+  end
+  out[#out + 1] = string.format('%.6f', math.max(0, until_ - now) / 1e6)
 end
 return out
+"""
+
+# KEYS: envelope config hash, requests bucket, tokens bucket, backoff key. ARGV: field (tenant/target), the
+# config as JSON ("" = remove the envelope), then rate and burst of the requests and the tokens bucket (0 =
+# the envelope has no such bucket). A new config keeps each bucket's debt in time, capped to one new burst
+# (gcra.py's reconfigure); a bucket the config drops, and a removed envelope's state, are deleted, so an
+# envelope added again starts full, as in process. A removal is kept as "null" so that a restarted replica
+# does not seed it again from its file. Returns the previous JSON ("" if none).
+SET_ENVELOPE = """
+local old = redis.call('HGET', KEYS[1], ARGV[1]) or ''
+if ARGV[2] == '' then
+  redis.call('HSET', KEYS[1], ARGV[1], 'null')
+  redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
+  return old
+end
+redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1e6 + tonumber(t[2])
+for i = 1, 2 do
+  local rate = tonumber(ARGV[2 * i + 1])
+  local burst = tonumber(ARGV[2 * i + 2])
+  if rate <= 0 then
+    redis.call('DEL', KEYS[i + 1])
+  else
+    local v = redis.call('GET', KEYS[i + 1])
+    if v then
+      local tat = math.min(math.max(tonumber(v), now), now + burst * 1e6 / rate)
+      redis.call('SET', KEYS[i + 1], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+    end
+  end
+end
+return old
 """

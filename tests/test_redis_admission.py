@@ -68,20 +68,23 @@ def test_gcra_script_mirrors_gcra_py(rs: RedisServer) -> None:
         script = r.register_script(GCRA)
         out = []
         for _ in range(4):  # rate 2/s, burst 3: three pass at once, the fourth waits ~0.5 s
-            out.append(await script(keys=["b:req"], args=[2, 3, 1, "spend"]))
+            out.append(await script(keys=["b:req", "b:backoff"], args=["spend", 1, 2, 3, 1]))
         # two buckets, one empty: nothing is charged anywhere (all or nothing)
-        out.append(await script(keys=["b:tok", "b:req"], args=[100, 100, 10, 2, 3, 1, "spend"]))
-        out.append(await script(keys=["b:tok"], args=[100, 100, 0, "peek"]))
-        out.append(await script(keys=["b:req"], args=[2, 3, 1, "refund"]))
-        out.append(await script(keys=["b:req"], args=[2, 3, 1, "spend"]))
+        out.append(await script(keys=["b:tok", "b:req"], args=["spend", 2, 100, 100, 10, 2, 3, 1]))
+        out.append(await script(keys=["b:tok"], args=["read", 1, 100, 100, 0]))
+        out.append(await script(keys=["b:req"], args=["refund", 1, 2, 3, 1]))
+        out.append(await script(keys=["b:req"], args=["spend", 1, 2, 3, 1]))
         await r.aclose()
         return out
 
     res = asyncio.run(run())
     assert [x[0] for x in res[:3]] == [1, 1, 1]
+    assert float(res[2][3]) == pytest.approx(1.5, abs=0.05)  # 3 units of 0.5 s ahead: nothing left
+    assert float(res[2][4]) == 0  # no backoff while admitted
     assert res[3][0] == 0 and res[3][1] == 1 and 0.3 < float(res[3][2]) <= 0.5
+    assert float(res[3][4]) == pytest.approx(float(res[3][2]), abs=1e-3)  # the deferral started the backoff
     assert res[4][0] == 0 and res[4][1] == 2  # the request bucket defers
-    assert float(res[5][3]) == pytest.approx(100.0)  # the token bucket was not charged
+    assert float(res[5][3]) == 0  # the token bucket was not charged (no debt: 100 of 100 left)
     assert res[7][0] == 1  # the refunded unit can be spent again at once
 
 

@@ -1,0 +1,298 @@
+"""Rate envelopes shared by several gateway replicas on Redis: one GCRA bucket per (tenant, target, unit).
+
+With Redis the budget of an envelope is one set of buckets for all replicas, so N replicas together admit
+one envelope, not N. A request's charge is one Lua script (gateway/redis_scripts.py ``GCRA``, server time):
+all its buckets are checked and then all charged, or none; a deferral pushes the shared backoff of every
+envelope involved. Refunds (a request charged and then deferred by its queue, or that never reached the
+backend) go to Redis too.
+
+The in-process `EnvelopeBook` this class extends stays as a *mirror*: its buckets take the debt Redis
+answered with each charge and with a read every refresh of the Redis backend (``max(poll_s, 0.2)`` s), so
+the admin API and ``/metrics`` show the shared remaining budget and backoff, never older than one refresh
+(the refill in between is extrapolated). Its counters (admitted, deferred) are this replica's.
+
+**Envelope configs** live in one Redis hash (``<prefix>:envelopes``, field ``tenant/target``, value the
+config as JSON, ``null`` once removed). A replica seeds it from its file only where a field is missing, so
+a restarted replica never undoes a change made through the admin API; a change on any replica is written
+there and every other replica takes it at its next refresh. A change that cannot be written (Redis down)
+applies here at once and is written when Redis answers again.
+
+**When Redis is unreachable** the envelopes follow the leases' ``failure_mode``:
+
+* ``closed`` — a request of a tenant with a matching envelope gets 503 ``admission-unavailable``.
+* ``open`` — each replica charges its mirror, starting from the last shared state it saw, so the tenant
+  gets at most ``replicas x`` (what was left + the refill) during the outage. When Redis is back its
+  buckets are the truth again; what replicas spent on their own is not written back (it is past, and
+  replaying it would only punish the tenant afterwards).
+
+A charge whose script times out may have run: it is not refunded (the tenant may lose one request's budget,
+never gain one). A refund that cannot reach Redis is dropped for the same reason.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import TYPE_CHECKING, Any
+
+from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred
+from admit.gateway.config import EnvelopeConfig, RedisConfig
+from admit.gateway.envelopes import AlertHook, Charge, Deferral, Envelope, EnvelopeBook
+from admit.gateway.redis_scripts import GCRA, SET_ENVELOPE
+from pydantic import ValidationError
+
+if TYPE_CHECKING:
+    from admit.gateway.redis_admission import RedisAdmission
+
+log = logging.getLogger("admit.gateway.redis")
+_FREE = Charge(())
+
+
+class SharedCharge(Charge):
+    """A charge made in Redis: its refund goes there too."""
+
+
+def _json(cfg: EnvelopeConfig | None) -> str:
+    return "" if cfg is None else json.dumps(cfg.model_dump(), sort_keys=True, separators=(",", ":"))
+
+
+class SharedEnvelopeBook(EnvelopeBook):
+    def __init__(self, cfg: RedisConfig, clock: Any, on_alert: AlertHook | None = None) -> None:
+        super().__init__(on_alert)
+        self._clock = clock
+        self._prefix = cfg.prefix
+        self._cfg_key = f"{cfg.prefix}:envelopes"
+        self._adm: RedisAdmission | None = None
+        self._seen: dict[str, str] = {}  # field -> JSON last read from (or written to) Redis
+        self._dirty: dict[str, EnvelopeConfig | None] = {}  # changes made here that Redis has not taken yet
+        self._bg: set[asyncio.Task[Any]] = set()
+        self.read_at = -1.0  # clock() of the last read of the shared bucket state
+        self.fail_open_charged = 0  # charges made on the mirror while Redis was down
+        self.refunds_dropped = 0
+        self.configs_applied = 0  # changes other replicas made, taken from Redis
+
+    # ----------------------------------------------------------------- keys
+    def _bucket_key(self, tenant: str, target: str, unit: str) -> str:
+        return f"{self._prefix}:gcra:{tenant}/{target}:{unit}"
+
+    def _backoff_key(self, tenant: str, target: str) -> str:
+        return f"{self._prefix}:backoff:{tenant}/{target}"
+
+    def _fields(self) -> dict[str, EnvelopeConfig]:
+        return {f"{t}/{target}": env.cfg for t, envs in self._by_tenant.items() for target, env in envs.items()}
+
+    # ----------------------------------------------------------------- lifecycle
+    async def attach(self, adm: RedisAdmission) -> None:
+        """Use ``adm``'s connection and up/down state; seed and read the shared configs when Redis answers."""
+        self._adm = adm
+        self._gcra = adm.r.register_script(GCRA)
+        self._set = adm.r.register_script(SET_ENVELOPE)
+        adm.attached.append(self)
+        if adm.up:
+            try:
+                await self.refresh()
+            except adm.ERRORS as exc:
+                adm.mark_down(exc)
+
+    async def recover(self) -> None:
+        """Redis answers again: write the changes made meanwhile (refresh then seeds anything it lost)."""
+        for field in list(self._dirty):
+            await self._push(field, raise_errors=True)
+
+    async def refresh(self) -> None:
+        """Seed missing configs, take other replicas' changes, and read the shared budget of every bucket."""
+        assert self._adm is not None
+        r = self._adm.r
+        stored: dict[str, str] = await r.hgetall(self._cfg_key)
+        for field, cfg in self._fields().items():
+            if field not in stored and field not in self._dirty:  # a fresh server (or one that lost its data)
+                await r.hsetnx(self._cfg_key, field, _json(cfg))
+                stored[field] = await r.hget(self._cfg_key, field) or _json(cfg)
+        for field, value in stored.items():
+            if field not in self._dirty and self._seen.get(field) != value:
+                self._take(field, value)
+        await self._read_buckets()
+
+    def _take(self, field: str, value: str) -> None:
+        tenant, _, target = field.partition("/")
+        self._seen[field] = value
+        known = self._adm is not None and tenant in self._adm.names
+        if not known:
+            return  # a tenant of another replica's configuration: not ours to enforce
+        if value == "null":
+            if super().remove(tenant, target) is not None:
+                self.configs_applied += 1
+            return
+        try:
+            cfg = EnvelopeConfig.model_validate({**json.loads(value), "target": target})
+        except (ValueError, ValidationError) as exc:
+            log.warning("envelope %s in Redis is not a valid config, ignored: %s", field, exc)
+            return
+        envs = self._by_tenant.get(tenant, {})
+        if target not in envs or envs[target].cfg != cfg:
+            super().configure(tenant, cfg, self._clock())
+            self.configs_applied += 1
+
+    async def _read_buckets(self) -> None:
+        envs = [env for envs in self._by_tenant.values() for env in envs.values()]
+        if not envs:
+            self.read_at = self._clock()
+            return
+        items = [(env, unit) for env in envs for unit in env.buckets]
+        keys = [self._bucket_key(env.tenant, env.cfg.target, unit) for env, unit in items]
+        keys += [self._backoff_key(env.tenant, env.cfg.target) for env in envs]
+        args: list[Any] = ["read", len(items)]
+        for env, unit in items:
+            b = env.buckets[unit]
+            args += [b.rate, b.burst, 0]
+        got = await self._gcra(keys=keys, args=args)
+        self._sync(items, envs, got)
+        self.read_at = self._clock()
+
+    def _sync(self, items: list[tuple[Envelope, str]], envs: list[Envelope], got: list[Any]) -> None:
+        """Set the mirror buckets (and backoffs) to what Redis answered, on this replica's clock."""
+        now = self._clock()
+        n = len(items)
+        for (env, unit), ahead in zip(items, got[3:3 + n], strict=True):
+            b = env.buckets.get(unit)
+            if b is not None:
+                b.tat = now + float(ahead)
+        for env, left in zip(envs, got[3 + n:], strict=True):
+            env.backoff_until = now + float(left) if float(left) > 0 else min(env.backoff_until, now)
+
+    # ----------------------------------------------------------------- changes
+    def configure(self, tenant: str, cfg: EnvelopeConfig, now: float) -> EnvelopeConfig | None:
+        old = super().configure(tenant, cfg, now)
+        self._publish(f"{tenant}/{cfg.target}", cfg)
+        return old
+
+    def remove(self, tenant: str, target: str) -> EnvelopeConfig | None:
+        old = super().remove(tenant, target)
+        if old is not None:
+            self._publish(f"{tenant}/{target}", None)
+        return old
+
+    def _publish(self, field: str, cfg: EnvelopeConfig | None) -> None:
+        if self._adm is None:
+            return  # the configuration file, before Redis: seeded by attach(), never overwriting Redis
+        self._dirty[field] = cfg
+        self._spawn(self._push(field))
+
+    async def _push(self, field: str, raise_errors: bool = False) -> None:
+        adm = self._adm
+        assert adm is not None
+        cfg = self._dirty.get(field)
+        tenant, _, target = field.partition("/")
+        rates: list[float | int] = [0, 0, 0, 0]
+        if cfg is not None:
+            if cfg.requests_per_s is not None:
+                rates[0:2] = [cfg.requests_per_s, cfg.request_burst_or_default]
+            if cfg.tokens_per_s is not None:
+                rates[2:4] = [cfg.tokens_per_s, cfg.token_burst_or_default]
+        keys = [self._cfg_key, self._bucket_key(tenant, target, "requests"), self._bucket_key(tenant, target, "tokens"),
+                self._backoff_key(tenant, target)]
+        value = _json(cfg)
+        try:
+            await self._set(keys=keys, args=[field, value, *rates])
+        except adm.ERRORS as exc:
+            if raise_errors:
+                raise
+            adm.mark_down(exc)  # stays dirty: written again when Redis is back
+            return
+        if field in self._dirty and self._dirty[field] is cfg:
+            del self._dirty[field]
+            self._seen[field] = value or "null"
+
+    # ----------------------------------------------------------------- charges
+    async def charge_shared(self, tenant: str, target: str, tokens: int) -> Charge | Deferral:
+        """``charge`` on the shared buckets (one script); the failure mode's answer while Redis is down."""
+        envs = self._matching(tenant, target)
+        if not envs:
+            return _FREE
+        adm = self._adm
+        assert adm is not None, "attach() first"
+        if not adm.up:
+            return self._fallback(tenant, target, tokens)
+        items: list[tuple[Envelope, str]] = []
+        args: list[Any] = ["spend", 0]
+        qtys = []
+        for env in envs:
+            for unit, b in env.buckets.items():
+                qty = 1.0 if unit == "requests" else float(tokens)
+                items.append((env, unit))
+                qtys.append(qty)
+                args += [b.rate, b.burst, qty]
+        args[1] = len(items)
+        keys = [self._bucket_key(env.tenant, env.cfg.target, unit) for env, unit in items]
+        keys += [self._backoff_key(env.tenant, env.cfg.target) for env in envs]
+        try:
+            got = await self._gcra(keys=keys, args=args)
+        except adm.ERRORS as exc:
+            adm.mark_down(exc)
+            return self._fallback(tenant, target, tokens)
+        self._sync(items, envs, got)
+        if not int(got[0]):
+            for env in envs:
+                env.deferred += 1
+            env, unit = items[int(got[1]) - 1]
+            return Deferral(float(got[2]), env.cfg.target, unit)
+        now = self._clock()
+        for env in envs:
+            env.admitted += 1
+        for env, unit in items:
+            self._watch(env, unit, env.buckets[unit], now)
+        return SharedCharge(tuple((env, unit, q) for (env, unit), q in zip(items, qtys, strict=True)))
+
+    def _fallback(self, tenant: str, target: str, tokens: int) -> Charge | Deferral:
+        adm = self._adm
+        assert adm is not None
+        if adm.cfg.failure_mode == "closed":
+            adm.stats.fail_closed_deferred[adm.names.index(tenant)] += 1
+            raise Deferred(ADMISSION_UNAVAILABLE, adm.cfg.retry_after_s,
+                           "the shared rate envelopes are unreachable", status=503)
+        got = super().charge(tenant, target, tokens, self._clock())
+        if isinstance(got, Charge):
+            self.fail_open_charged += 1
+        return got
+
+    def refund(self, charge: Charge, now: float) -> None:
+        if isinstance(charge, SharedCharge):
+            self._spawn(self._refund_remote(charge))
+        else:
+            super().refund(charge, now)
+
+    async def _refund_remote(self, charge: SharedCharge) -> None:
+        adm = self._adm
+        assert adm is not None
+        items = [(env, unit) for env, unit, _ in charge.items]
+        keys = [self._bucket_key(env.tenant, env.cfg.target, unit) for env, unit in items]
+        args: list[Any] = ["refund", len(items)]
+        for env, unit, qty in charge.items:
+            b = env.buckets.get(unit)
+            if b is None:  # the envelope changed meanwhile; its bucket is gone
+                return
+            args += [b.rate, b.burst, qty]
+        try:
+            got = await self._gcra(keys=keys, args=args)
+        except adm.ERRORS as exc:
+            self.refunds_dropped += 1
+            adm.mark_down(exc)
+            return
+        self._sync(items, [], got)
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._bg.add(task)
+        task.add_done_callback(self._bg.discard)
+
+    # ----------------------------------------------------------------- state
+    def stats(self) -> dict[str, Any]:
+        """Shown in /admin/state's ``redis`` section."""
+        return {
+            "envelopes_read_age_s": None if self.read_at < 0 else round(max(0.0, self._clock() - self.read_at), 3),
+            "envelope_configs_pending": len(self._dirty),
+            "envelope_configs_taken": self.configs_applied,
+            "envelope_fail_open_charged": self.fail_open_charged,
+            "envelope_refunds_dropped": self.refunds_dropped,
+        }

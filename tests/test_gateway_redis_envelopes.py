@@ -1,0 +1,236 @@
+"""Rate envelopes shared by two real gateway replicas on a real redis-server, in front of the mock backend:
+together they admit one envelope (counted), a change made through one replica's admin API binds the other
+(and a replica started later), and a Redis killed mid-run gives the documented fail-closed / fail-open
+answers, leaks no lease and leaves Redis's buckets the truth once it is back."""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import aiohttp
+import pytest
+import redis
+from gateway_helpers import CountingMock, GatewayProcess, key, tenant_cfg, wait_for
+from redis_helpers import RedisServer
+
+pytestmark = pytest.mark.timeout(180)
+
+RATE = 0.05  # requests per second: one unit refills every 20 s, so a test sees the burst and little else
+
+
+@pytest.fixture
+def rs(tmp_path: Path) -> Iterator[RedisServer]:
+    (tmp_path / "redis").mkdir()
+    server = RedisServer(tmp_path / "redis")
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[CountingMock]:
+    m = CountingMock(itl_ms=25)
+    yield m
+    m.stop()
+
+
+def config(rs: RedisServer, mode: str, burst: int = 6) -> dict[str, Any]:
+    return {
+        "redis": {"url": rs.url, "failure_mode": mode, "lease_ttl_s": 30, "poll_s": 0.05, "timeout_s": 1},
+        "tenants": [
+            tenant_cfg("req", limit=8, max_queue=50, queue_ttl_s=60,
+                       envelopes=[{"target": "*", "requests_per_s": RATE, "request_burst": burst}]),
+            tenant_cfg("tok", limit=8, max_queue=50, queue_ttl_s=60,
+                       envelopes=[{"target": "mock", "tokens_per_s": 1, "token_burst": 200}]),
+        ],
+    }
+
+
+def replicas(tmp: Path, mock: CountingMock, cfg: dict[str, Any], n: int = 2) -> list[GatewayProcess]:
+    out = []
+    for i in range(n):
+        (tmp / f"g{i}").mkdir()
+        out.append(GatewayProcess(tmp / f"g{i}", mock.url, cfg))
+    return out
+
+
+Answer = tuple[int, str | None]
+
+
+async def one(s: aiohttp.ClientSession, url: str, tenant: str, tokens: int = 2, model: str = "mock",
+              stream: bool = False) -> Answer:
+    body = {"model": model, "prompt": "x", "max_tokens": tokens, "stream": stream}
+    async with s.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key(tenant)}"}) as r:
+        await r.read()
+        return r.status, r.headers.get("x-admit-reason")
+
+
+async def spread(urls: list[str], n: int, tenant: str, **kw: Any) -> list[Answer]:
+    """``n`` requests at once, alternating between the replicas (request i goes to urls[i % len])."""
+    async with aiohttp.ClientSession() as s:
+        return await asyncio.gather(*(one(s, urls[i % len(urls)], tenant, **kw) for i in range(n)))
+
+
+def envelope(g: GatewayProcess, tenant: str) -> dict[str, Any]:
+    envs = g.state()["tenants"][tenant]["envelopes"]
+    assert len(envs) == 1, envs
+    return envs[0]
+
+
+def metric(text: str, name: str, **labels: str) -> float:
+    want = ",".join(f'{k}="{v}"' for k, v in sorted(labels.items()))
+    for line in text.splitlines():
+        if line.startswith(f"admit_gateway_{name}{{{want}}} "):
+            return float(line.rsplit(" ", 1)[1])
+    return 0.0
+
+
+def leases(rs: RedisServer) -> int:
+    with redis.Redis.from_url(rs.url) as r:
+        return sum(int(r.zcard(f"admit:leases:{t}")) for t in ("req", "tok"))
+
+
+def stop(gs: list[GatewayProcess]) -> None:
+    for g in gs:
+        g.stop()
+
+
+def test_two_replicas_admit_one_envelope_together(tmp_path: Path, mock: CountingMock, rs: RedisServer) -> None:
+    gs = replicas(tmp_path, mock, config(rs, "closed"))
+    urls = [g.url for g in gs]
+    try:
+        t0 = time.monotonic()
+        req = asyncio.run(spread(urls, 24, "req"))
+        # 40-token requests (+1 for the prompt) against 200 tokens: 4 fit; another model is not this envelope's
+        tok = asyncio.run(spread(urls, 12, "tok", tokens=40))
+        other = asyncio.run(spread(urls, 4, "tok", tokens=40, model="other"))
+        elapsed = time.monotonic() - t0
+        ok_req = [i for i, a in enumerate(req) if a == (200, None)]
+        # one envelope of burst 6 for both replicas (each alone would admit 6: 12 in all), + the refill
+        assert 6 <= len(ok_req) <= 6 + math.floor(RATE * elapsed)
+        assert {i % 2 for i in ok_req} == {0, 1}  # both replicas admitted some of them
+        assert all(a == (429, "envelope-empty") for a in req if a[0] != 200)
+        ok_tok = sum(a == (200, None) for a in tok)
+        assert 4 <= ok_tok <= math.floor((200 + elapsed) / 41)
+        assert all(a == (429, "envelope-empty") for a in tok if a[0] != 200)
+        assert other == [(200, None)] * 4
+
+        # both replicas read the shared budget and backoff (admin API and metrics), not their own share
+        def drained(g: GatewayProcess) -> dict[str, Any] | None:
+            env = envelope(g, "req")
+            return env if env["requests"]["remaining"] < 1 and env["in_backoff"] else None
+
+        for g in gs:
+            env = wait_for(lambda g=g: drained(g), 10, "the shared envelope state at every replica")
+            assert 0 < env["backoff_remaining_s"] <= 1 / RATE
+            text = g.metrics()
+            assert metric(text, "envelope_remaining", tenant="req", target="*", unit="requests") < 1
+            assert metric(text, "envelope_backoff_seconds", tenant="req", target="*") > 0
+            assert g.state()["redis"]["envelopes_read_age_s"] < 5
+        texts = [g.metrics() for g in gs]
+        deferred = sum(metric(t, "deferred_total", tenant="req", reason="envelope-empty") for t in texts)
+        assert deferred == 24 - len(ok_req)
+        admitted = sum(envelope(g, "req")["admitted"] for g in gs)  # this replica's counters, summed
+        assert admitted == len(ok_req)
+        wait_for(lambda: leases(rs) == 0, 10, "no lease left")
+    finally:
+        stop(gs)
+
+
+def test_envelope_changes_reach_every_replica(tmp_path: Path, mock: CountingMock, rs: RedisServer) -> None:
+    cfg = config(rs, "closed", burst=2)
+    gs = replicas(tmp_path, mock, cfg)
+    try:
+        assert asyncio.run(spread([gs[1].url], 3, "req")).count((200, None)) == 2
+        status, body = gs[0].admin("PUT", "/admin/tenants/req/envelopes/*",
+                                   {"requests_per_s": 1000, "request_burst": 1000, "reason": "open up"})
+        assert status == 200, body
+        wait_for(lambda: envelope(gs[1], "req")["config"]["requests_per_s"] == 1000, 10, "the change at replica 2")
+        assert asyncio.run(spread([gs[1].url], 10, "req")) == [(200, None)] * 10  # and it binds there
+        status, _ = gs[1].admin("DELETE", "/admin/tenants/tok/envelopes/mock")
+        assert status == 200
+        wait_for(lambda: gs[0].state()["tenants"]["tok"]["envelopes"] == [], 10, "the removal at replica 1")
+        assert asyncio.run(spread([gs[0].url], 8, "tok", tokens=100)) == [(200, None)] * 8
+        with redis.Redis.from_url(rs.url, decode_responses=True) as r:
+            assert r.hget("admit:envelopes", "tok/mock") == "null"
+        # a replica started later with the same file takes Redis's envelopes, not its file's
+        (tmp_path / "late").mkdir()
+        late = GatewayProcess(tmp_path / "late", mock.url, cfg)
+        gs.append(late)
+        st = late.state()["tenants"]
+        assert st["tok"]["envelopes"] == []
+        assert st["req"]["envelopes"][0]["config"]["request_burst"] == 1000
+        assert [x["what"] for x in gs[0].audit_log()] == ["envelope"]  # audited where it was made
+    finally:
+        stop(gs)
+
+
+def _outage(gs: list[GatewayProcess], mock: CountingMock, rs: RedisServer) -> tuple[list[Answer], int, int]:
+    """Burst 4: two long requests (one per replica) run, both replicas see 2 left, Redis is killed, four
+    requests go to each replica; Redis comes back. Returns the outage's answers (replica 1's four, then
+    replica 2's) and, after recovery, how many of four requests pass and the most that could."""
+
+    async def run() -> list[Answer]:
+        async with aiohttp.ClientSession() as s:
+            running = [asyncio.ensure_future(one(s, g.url, "req", 60, stream=True)) for g in gs]
+            await asyncio.to_thread(wait_for, lambda: mock.counter.now == 2, 20, "two requests at the backend")
+            for g in gs:  # each replica's mirror has seen the other's spend
+                await asyncio.to_thread(wait_for, lambda g=g: envelope(g, "req")["requests"]["remaining"] < 3, 10,
+                                        "the shared budget at every replica")
+            assert leases(rs) == 2
+            rs.kill()
+            late = []
+            for g in gs:
+                late += await asyncio.gather(*(one(s, g.url, "req") for _ in range(4)))
+            assert [await r for r in running] == [(200, None)] * 2  # what ran finishes
+            return late
+
+    wait_for(lambda: mock.counter.now == 0, what="an idle backend")
+    t0 = time.monotonic()
+    late = asyncio.run(run())
+    for g in gs:
+        st = g.state()["redis"]
+        assert st["up"] is False and st["outages"] == 1
+    rs.start()
+    for g in gs:
+        wait_for(lambda g=g: g.state()["redis"]["up"] and g.state()["redis"]["pending_releases"] == 0, 20, "recovery")
+    wait_for(lambda: leases(rs) == 0, 10, "no lease left in Redis")  # the outage leaked no slot
+    for g in gs:  # Redis's buckets are the truth again (what failing open spent here is not written back)
+        wait_for(lambda g=g: envelope(g, "req")["requests"]["remaining"] >= 2, 10, "the shared budget re-read")
+    after = asyncio.run(spread([g.url for g in gs], 4, "req"))
+    most = 2 + math.floor(RATE * (time.monotonic() - t0))
+    wait_for(lambda: leases(rs) == 0 and all(g.state()["in_flight"] == 0 for g in gs), 10, "drained")
+    return late, after.count((200, None)), most
+
+
+def test_redis_killed_mid_run_envelopes_fail_closed(tmp_path: Path, mock: CountingMock, rs: RedisServer) -> None:
+    gs = replicas(tmp_path, mock, config(rs, "closed", burst=4))
+    try:
+        late, ok_after, most = _outage(gs, mock, rs)
+        assert late == [(503, "admission-unavailable")] * 8  # no shared budget, no admission
+        assert 2 <= ok_after <= most  # the outage spent nothing
+        for g in gs:
+            assert g.state()["tenants"]["req"]["fail_closed_deferred"] == 4
+            assert metric(g.metrics(), "deferred_total", tenant="req", reason="admission-unavailable") == 4
+    finally:
+        stop(gs)
+
+
+def test_redis_killed_mid_run_envelopes_fail_open(tmp_path: Path, mock: CountingMock, rs: RedisServer) -> None:
+    gs = replicas(tmp_path, mock, config(rs, "open", burst=4))
+    try:
+        late, ok_after, most = _outage(gs, mock, rs)
+        # each replica spends what it last saw left (2) on its own: replicas x 2 in all, then 429s
+        for part in (late[:4], late[4:]):
+            assert sorted(part) == [(200, None)] * 2 + [(429, "envelope-empty")] * 2
+        assert 2 <= ok_after <= most  # back on Redis's bucket, which the outage's spends did not touch
+        for g in gs:
+            st = g.state()
+            assert st["redis"]["envelope_fail_open_charged"] == 2 and st["redis"]["recoveries"] == 1
+            assert st["tenants"]["req"]["fail_open_admitted"] == 2
+    finally:
+        stop(gs)
