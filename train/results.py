@@ -8,23 +8,36 @@ report (docs/results/NAME.json), a Pareto plot (docs/results/NAME.png), and one 
 means, 95% CIs, p-values and a verdict on the issue's goal: Pareto-dominate static — throughput ≥ static,
 p99 ≤ static, drops ≤ half of static's — each at p < 0.05 where the mean differs.
 
-Learned policies join where one was trained for the scenario (agents/pretrained/<algo>-<scenario>); the
-LLM policy joins on seed-paper when ``ADMIT_LLM_URL`` is set (it makes one call every ``ADMIT_LLM_EVERY``
-decisions, default 100 here, because a CPU model needs seconds a call).
+Learned policies join where one was trained for the scenario (agents/pretrained/<algo>-<scenario>, i.e.
+``ppo:<scenario>``); a scenario without one says so under its table. The LLM policy joins on seed-paper
+when ``ADMIT_LLM_URL`` is set, e.g. under ``scripts/llm_server.sh run admit results ...`` (it makes one call
+every ``ADMIT_LLM_EVERY`` decisions, default 100 here, because a CPU model needs seconds a call); its
+decisions go to docs/results/llm-decisions.jsonl (unless ``ADMIT_LLM_LOG`` names another file) and the
+section reports how many calls it made, how many replies were valid and how long they took.
 """
 
 from __future__ import annotations
 
+import json
 import os
-from collections.abc import Callable
+import time
+import urllib.request
+from collections import Counter
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from datetime import date
 from importlib import resources
 from pathlib import Path
 
+import numpy as np
 from admit.train.evaluate import evaluate, write_json
 from admit.train.report import pareto_plot
 
-SCENARIOS = ("seed-paper", "h200-mixed", "h200-azure-2023")
+SCENARIOS = ("seed-paper", "h200-mixed", "h200-azure-2023", "servegen-skewed")
+DEFAULT_OUT = Path("docs/RESULTS.md")
+LLM_SCENARIO = "seed-paper"
+LLM_EVERY_DEFAULT = "100"
+LLM_LOG_NAME = "llm-decisions.jsonl"
 HAND_POLICIES = (
     "static",
     "naive",
@@ -50,13 +63,92 @@ def learned_policies(scenario: str) -> list[str]:
     return out
 
 
+def llm_url() -> str | None:
+    return os.environ.get("ADMIT_LLM_URL") or None
+
+
 def policies_for(scenario: str) -> list[str]:
     pols = list(HAND_POLICIES) + learned_policies(scenario)
-    url = os.environ.get("ADMIT_LLM_URL")
-    if url and scenario == "seed-paper":
-        os.environ.setdefault("ADMIT_LLM_EVERY", "100")
+    url = llm_url()
+    if url and scenario == LLM_SCENARIO:
         pols.append(f"llm:{url}")
     return pols
+
+
+@contextmanager
+def llm_settings(res_dir: Path) -> Iterator[Path | None]:
+    """While the report runs: the LLM policy's decide-every default and its decision log (a fresh file).
+
+    They travel to the worker processes as environment variables and are put back afterwards. Yields the
+    log's path, or None when no model server is set.
+    """
+    if not llm_url():
+        yield None
+        return
+    saved = {k: os.environ.get(k) for k in ("ADMIT_LLM_EVERY", "ADMIT_LLM_LOG")}
+    os.environ.setdefault("ADMIT_LLM_EVERY", LLM_EVERY_DEFAULT)
+    log = Path(os.environ.setdefault("ADMIT_LLM_LOG", str(res_dir / LLM_LOG_NAME)))
+    log.unlink(missing_ok=True)  # the log is appended to: start it fresh for this run
+    try:
+        yield log
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def skipped(scenario: str) -> list[str]:
+    """Policies of the issue's list that are not in this scenario's table, each with the reason."""
+    notes = []
+    if not any(p.startswith("ppo:") for p in learned_policies(scenario)):
+        notes.append(
+            f"PPO is not in this table: no policy was trained for {scenario} (agents/pretrained/ppo-{scenario} "
+            f"does not exist; `admit train --config train/configs/ppo-{scenario}.yaml` would write one)."
+        )
+    if scenario != LLM_SCENARIO:
+        notes.append(f"The LLM policy runs on {LLM_SCENARIO} only (a CPU-served model needs seconds per call).")
+    elif not llm_url():
+        notes.append(
+            "The LLM policy is not in this table: `ADMIT_LLM_URL` was unset (run under "
+            "`scripts/llm_server.sh run admit results ...`); measured figures are in docs/llm_policy.md."
+        )
+    return notes
+
+
+def llm_model_name(url: str) -> str:
+    """The model the server at ``url`` serves (its /models list), else the configured model name."""
+    from admit.agents.llm_config import load_config
+
+    name = load_config(url).model
+    if name != "local":
+        return name
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/models", timeout=5) as r:
+            ident = json.loads(r.read())["data"][0]["id"]
+        return Path(str(ident)).name.removesuffix(".gguf")
+    except (OSError, ValueError, KeyError, IndexError, TypeError):
+        return name
+
+
+def llm_log_summary(path: Path) -> str:
+    """One line on the LLM policy's calls from its decision log: count, valid replies, holds, latency."""
+    from admit.agents.decision_log import read_log
+
+    if not path.is_file():
+        return "The LLM policy wrote no decision log."
+    records = read_log(path)
+    calls = [r for r in records if r.latency_s is not None]
+    valid = sum(r.source == "model" for r in calls)
+    holds = Counter(r.reason for r in records if r.source == "hold")
+    lat = np.asarray([r.latency_s for r in calls], dtype=float)
+    line = f"LLM policy ({path.name}): {len(records)} decisions, {len(calls)} model calls, {valid} valid replies"
+    if lat.size:
+        line += f"; call latency p50 {np.percentile(lat, 50):.1f} s, p95 {np.percentile(lat, 95):.1f} s"
+    if holds:
+        line += "; holds: " + ", ".join(f"{k} {v}" for k, v in sorted(holds.items()))
+    return line + "."
 
 
 def verdict(entry: dict, base: dict) -> str:
@@ -88,7 +180,7 @@ def _ci(e: dict, d: int) -> str:
     return f"{e['mean']:.{d}f} [{lo:.{d}f}, {hi:.{d}f}]"
 
 
-def scenario_section(name: str, data: dict, png: str) -> str:
+def scenario_section(name: str, data: dict, png: str, notes: list[str] | None = None, llm_name: str = "") -> str:
     base = data["policies"]["static"]
     lines = [
         f"## {name}",
@@ -100,43 +192,73 @@ def scenario_section(name: str, data: dict, png: str) -> str:
     ]
     for pol, e in data["policies"].items():
         pv = e["p_value_vs_first"]
-        shown = pol if not pol.startswith("llm:") else "llm (SmolLM2-135M)"
+        shown = pol if not pol.startswith("llm:") else f"llm ({llm_name or 'LLM'})"
         lines.append(
             f"| {shown} | {_ci(e['throughput_rps'], 3)} | {_pv(pv['throughput_rps'])} | {_ci(e['p99_s'], 2)} | "
             f"{_pv(pv['p99_s'])} | {_ci(e['dropped'], 1)} | {_pv(pv['dropped'])} | {e['slo_attainment']['mean']:.3f} | "
             f"{e['ttft_p99_s']['mean']:.2f} | {'—' if pol == 'static' else verdict(e, base)} |"
         )
-    lines += ["", f"![{name} Pareto plot]({png})", ""]
+    lines.append("")
+    for note in notes or []:
+        lines += [note, ""]
+    lines += [f"![{name} Pareto plot]({png})", ""]
     return "\n".join(lines)
 
 
+def command(seeds: int, scenarios: list[str], workers: int, out: Path) -> str:
+    """The command line that regenerates the report as written."""
+    cmd = f"admit results --seeds {seeds} " + " ".join(f"--scenario {s}" for s in scenarios) + f" --workers {workers}"
+    if Path(out) != DEFAULT_OUT:
+        cmd += f" --out {out}"
+    if llm_url() and LLM_SCENARIO in scenarios:
+        cmd = "scripts/llm_server.sh run " + cmd
+        every = os.environ.get("ADMIT_LLM_EVERY", LLM_EVERY_DEFAULT)
+        if every != LLM_EVERY_DEFAULT:
+            cmd = f"ADMIT_LLM_EVERY={every} " + cmd
+    return cmd
+
+
+def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log: Path | None, progress):
+    sections, timings = [], []
+    for sc in scenarios:
+        pols = policies_for(sc)
+        start = time.perf_counter()
+        ev = evaluate(sc, pols, seeds, workers=workers, progress=progress)
+        wall = time.perf_counter() - start
+        timings.append(f"{sc} {wall:.0f} s ({len(pols)} policies)")
+        data = write_json(ev, res_dir / f"{sc}.json")
+        pareto_plot(data, res_dir / f"{sc}.png")
+        notes = skipped(sc)
+        llm_name = ""
+        if llm_log is not None and sc == LLM_SCENARIO:
+            llm_name = llm_model_name(llm_url() or "")
+            every = os.environ.get("ADMIT_LLM_EVERY", LLM_EVERY_DEFAULT)
+            notes.append(f"The LLM policy asks the model every {every} decisions and holds in between.")
+            notes.append(llm_log_summary(llm_log))
+        sections.append(scenario_section(sc, data, f"results/{sc}.png", notes, llm_name))
+    return sections, timings
+
+
 def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=None) -> str:
+    out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
     res_dir = out.parent / "results"
     res_dir.mkdir(exist_ok=True)
-    sections = []
-    for sc in scenarios:
-        ev = evaluate(sc, policies_for(sc), seeds, workers=workers, progress=progress)
-        data = write_json(ev, res_dir / f"{sc}.json")
-        pareto_plot(data, res_dir / f"{sc}.png")
-        sections.append(scenario_section(sc, data, f"results/{sc}.png"))
-    cmd = f"admit results --seeds {seeds} " + " ".join(f"--scenario {s}" for s in scenarios) + f" --workers {workers}"
+    cmd = command(seeds, scenarios, workers, out)
+    with llm_settings(res_dir) as llm_log:
+        sections, timings = _run(seeds, scenarios, workers, res_dir, llm_log, progress)
     head = [
         "# Results: every policy against static caps",
         "",
-        f"Regenerated by `{cmd}` (written {date.today().isoformat()}); JSON per scenario in docs/results/.",
+        f"Regenerated by `{cmd}` (written {date.today().isoformat()}); JSON per scenario in {res_dir}/.",
         "The goal (issue 5): a controller that Pareto-dominates static — throughput ≥ static, p99 ≤ static,",
         "drops ≤ half of static's, each significant at p < 0.05 where the means differ. Why seed-paper cannot",
-        "be won is argued in docs/reproduction.md; the policies are described in docs/controllers.md.",
+        "be won is argued in docs/reproduction.md; the policies are described in docs/controllers.md; the PPO",
+        "policies (`ppo:<scenario>`, one trained per scenario on seeds disjoint from these) in docs/training.md.",
+        "",
+        f"Wall time of this run ({workers} worker process{'es' if workers > 1 else ''}): " + "; ".join(timings) + ".",
         "",
     ]
-    if not os.environ.get("ADMIT_LLM_URL"):
-        head += [
-            "The LLM-prompted policy was not part of this run (`ADMIT_LLM_URL` unset: it joins on seed-paper when",
-            "a server is up, e.g. under `scripts/llm_server.sh run admit results ...`); its measured seed-paper",
-            "figures with SmolLM2-135M are in docs/llm_policy.md.",
-            "",
-        ]
     text = "\n".join(head) + "\n" + "\n".join(sections)
     out.write_text(text)
     return text
