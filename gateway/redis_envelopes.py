@@ -241,7 +241,9 @@ class SharedEnvelopeBook(EnvelopeBook):
         for env in envs:
             env.admitted += 1
         for env, unit in items:
-            self._watch(env, unit, env.buckets[unit], now)
+            b = env.buckets.get(unit)  # gone only if a refresh dropped the unit while the script ran
+            if b is not None:
+                self._watch(env, unit, b, now)
         return SharedCharge(tuple((env, unit, q) for (env, unit), q in zip(items, qtys, strict=True)))
 
     def _fallback(self, tenant: str, target: str, tokens: int) -> Charge | Deferral:

@@ -136,6 +136,9 @@ def test_two_replicas_admit_one_envelope_together(tmp_path: Path, mock: Counting
         assert deferred == 24 - len(ok_req)
         admitted = sum(envelope(g, "req")["admitted"] for g in gs)  # this replica's counters, summed
         assert admitted == len(ok_req)
+        # the shared bucket nearing exhaustion alerted (metric + log line) at a replica that charged it
+        assert sum(metric(t, "envelope_alerts_total", tenant="req", target="*", unit="requests") for t in texts) >= 1
+        wait_for(lambda: any("envelope near exhaustion: tenant=req" in g.stderr() for g in gs), 5, "the alert line")
         wait_for(lambda: leases(rs) == 0, 10, "no lease left")
     finally:
         stop(gs)
