@@ -18,6 +18,9 @@ PUT      /admin/tenants/{name}/envelopes/{target}              envelope fields (
 DELETE   /admin/tenants/{name}/envelopes/{target}              remove the envelope
 =======  ====================================================  ==============================================
 
+With Redis (several replicas) a limit or envelope changed here is written to Redis and every other replica
+takes it within one refresh; envelope state read here is the shared budget (gateway/redis_envelopes.py).
+
 A batch of limits is checked as a whole before any is applied. Each change (a value that differs from the
 old one) bumps the configuration version and writes one audit line: time, version, actor, what, tenant,
 old, new, reason.

@@ -1,5 +1,8 @@
 """Admission state shared by several gateway replicas on Redis: concurrency leases with expiry.
 
+(The rate envelopes shared the same way, gateway/redis_envelopes.py, ride on this backend's connection and
+its up/down state: they are refreshed with the leases and written back before it counts as up again.)
+
 Every admitted request holds a *lease* in Redis (gateway/redis_scripts.py): a member of its tenant's sorted
 set whose score is an expiry in server time. Taking one is a single Lua script that drops expired leases,
 reads the tenant's shared limit and adds the lease only below it, so the replicas together never pass the

@@ -46,6 +46,8 @@ def config(rs: RedisServer, mode: str, burst: int = 6) -> dict[str, Any]:
                        envelopes=[{"target": "*", "requests_per_s": RATE, "request_burst": burst}]),
             tenant_cfg("tok", limit=8, max_queue=50, queue_ttl_s=60,
                        envelopes=[{"target": "mock", "tokens_per_s": 1, "token_burst": 200}]),
+            tenant_cfg("one", limit=1, max_queue=0,
+                       envelopes=[{"target": "*", "requests_per_s": RATE, "request_burst": 3}]),
         ],
     }
 
@@ -91,7 +93,7 @@ def metric(text: str, name: str, **labels: str) -> float:
 
 def leases(rs: RedisServer) -> int:
     with redis.Redis.from_url(rs.url) as r:
-        return sum(int(r.zcard(f"admit:leases:{t}")) for t in ("req", "tok"))
+        return sum(int(r.zcard(f"admit:leases:{t}")) for t in ("req", "tok", "one"))
 
 
 def stop(gs: list[GatewayProcess]) -> None:
@@ -168,6 +170,36 @@ def test_envelope_changes_reach_every_replica(tmp_path: Path, mock: CountingMock
         assert st["tok"]["envelopes"] == []
         assert st["req"]["envelopes"][0]["config"]["request_burst"] == 1000
         assert [x["what"] for x in gs[0].audit_log()] == ["envelope"]  # audited where it was made
+    finally:
+        stop(gs)
+
+
+def test_refunds_reach_the_shared_bucket(tmp_path: Path, mock: CountingMock, rs: RedisServer) -> None:
+    """Charged, then deferred by the (shared) limit: the envelope gets the unit back, at every replica."""
+    gs = replicas(tmp_path, mock, config(rs, "closed"))
+    try:
+        def left(g: GatewayProcess) -> float:
+            return float(envelope(g, "one")["requests"]["remaining"])
+
+        async def run() -> tuple[list[Answer], Answer]:
+            async with aiohttp.ClientSession() as s:
+                long = asyncio.ensure_future(one(s, gs[0].url, "one", 60, stream=True))
+                await asyncio.to_thread(wait_for, lambda: leases(rs) == 1, 20, "the one slot taken")
+                full = []
+                for _ in range(3):  # each is charged first, then finds the slot taken, then is refunded
+                    full.append(await one(s, gs[1].url, "one"))
+                    await asyncio.to_thread(wait_for, lambda: left(gs[1]) >= 1.99, 10, "the refund")
+                return full, await long
+
+        full, long = asyncio.run(run())
+        assert long == (200, None)
+        assert full == [(429, "queue-full")] * 3  # without refunds the third would have found no budget
+        wait_for(lambda: left(gs[0]) >= 1.99, 10, "the refunded budget at the other replica")
+        answers = []
+        for i in range(3):  # one at a time, through the limit of 1, alternating replicas
+            wait_for(lambda: leases(rs) == 0, 10, "the slot free")
+            answers.append(asyncio.run(spread([gs[i % 2].url], 1, "one"))[0])
+        assert answers == [(200, None), (200, None), (429, "envelope-empty")]
     finally:
         stop(gs)
 
