@@ -20,11 +20,11 @@ import contextlib
 import hashlib
 import json
 import logging
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import aiohttp
 from admit.gateway.admin import AdminApi
 from admit.gateway.admission import ENVELOPE_EMPTY, AdmissionBackend, Deferred
 from admit.gateway.asgi import HttpError, Receive, Scope, Send, bearer, header, read_body, send_error, send_json
@@ -35,7 +35,7 @@ from admit.gateway.jsonl import JsonlWriter
 from admit.gateway.local_admission import LocalAdmission
 from admit.gateway.metrics import GatewayMetrics
 from admit.gateway.telemetry import LiveTelemetry
-from admit.gateway.upstream import BackendTimeout, NoBackend, Upstream
+from admit.gateway.upstream import BackendBroken, BackendTimeout, NoBackend, Response, Upstream
 
 if TYPE_CHECKING:
     from admit.gateway.redis_envelopes import SharedEnvelopeBook
@@ -69,6 +69,7 @@ class Record:
     outcome: str = ""
     finished: bool = False  # the last byte is being sent: a disconnect now is not the client's fault
     offered: bool = False  # counted as an arrival in the telemetry windows
+    left: bool = False  # the client went away and the request's task was cancelled for it
 
     def line(self) -> dict[str, Any]:
         return {
@@ -92,9 +93,13 @@ def _r(x: float | None) -> float | None:
     return None if x is None else round(x, 6)
 
 
-async def _wait_disconnect(receive: Receive) -> None:
+async def _watch(receive: Receive, task: asyncio.Task[Any], rec: Record) -> None:
+    """Cancel the request's task when its client goes away (unless the answer's last byte is on its way)."""
     while (await receive())["type"] != "http.disconnect":
         pass
+    if not rec.finished:
+        rec.left = True
+        task.cancel()
 
 
 class Gateway:
@@ -122,6 +127,7 @@ class Gateway:
         self.admin = AdminApi(self, cfg.admin.resolve())
         self.telemetry = LiveTelemetry(cfg, backend_url)
         self.in_flight_requests = 0  # requests inside the proxy path right now (tests check it drains to 0)
+        self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set at start-up
 
     @property
     def admission(self) -> AdmissionBackend:
@@ -142,6 +148,7 @@ class Gateway:
             self._admission = shared
         if self._admission is None:
             self._admission = LocalAdmission(self.cfg.tenants, self.cfg.capacity)
+        self._loop = asyncio.get_running_loop()
         await self.upstream.start()
         await self.telemetry.start()
 
@@ -234,20 +241,23 @@ class Gateway:
         self.in_flight_requests += 1
         rec.offered = True
         self.telemetry.arrival(tenant)
-        work = asyncio.ensure_future(self._serve(scope, send, tenant, info, raw, rec))
-        watch = asyncio.ensure_future(_wait_disconnect(receive))
+        # the request runs in this (the server's) task; a watcher cancels it if the client goes away, which
+        # gives the lease back or leaves the queue, and drops the upstream connection
+        task = asyncio.current_task()
+        assert task is not None
+        watch = self._loop.create_task(_watch(receive, task, rec))
         try:
-            await asyncio.wait((work, watch), return_when=asyncio.FIRST_COMPLETED)
-            if not work.done() and not rec.finished:
-                work.cancel()
-            try:
-                await work
-            except asyncio.CancelledError:
-                if not rec.outcome:
-                    rec.outcome, rec.status = "client-disconnect", 499
-            except Exception:  # a bug of ours; the client gets no 500 of our making if the answer had started
-                log.exception("request of tenant %s failed", rec.tenant)
-                rec.outcome, rec.status = rec.outcome or "gateway-error", rec.status or 500
+            await self._serve(scope, send, tenant, info, raw, rec)
+        except asyncio.CancelledError:
+            if not rec.left:  # cancelled by the server (shutdown), not by our watcher
+                rec.outcome, rec.status = rec.outcome or "client-disconnect", rec.status or 499
+                raise
+            task.uncancel()
+            if not rec.outcome:
+                rec.outcome, rec.status = "client-disconnect", 499
+        except Exception:  # a bug of ours; the client gets no 500 of our making if the answer had started
+            log.exception("request of tenant %s failed", rec.tenant)
+            rec.outcome, rec.status = rec.outcome or "gateway-error", rec.status or 500
         finally:
             watch.cancel()
             self.in_flight_requests -= 1
@@ -268,7 +278,7 @@ class Gateway:
         except Deferred as d:
             if charge is not None:
                 self.book.refund(charge, self.clock())
-            self.metrics.deferred.labels(name, d.reason).inc()
+            self.metrics.deferred.inc(name, d.reason)
             await self._fail(send, rec, HttpError(d.status, d.reason, d.detail or d.reason, d.retry_after_s), False)
             return
         except asyncio.CancelledError:
@@ -276,7 +286,7 @@ class Gateway:
                 self.book.refund(charge, self.clock())
             raise
         rec.queue_wait_s = lease.waited_s
-        self.metrics.admitted.labels(name).inc()
+        self.metrics.admitted.inc(name)
         try:
             if not await self._forward(scope, send, raw, rec) and charge is not None:
                 self.book.refund(charge, self.clock())
@@ -298,13 +308,17 @@ class Gateway:
         rec.status = resp.status
         ok = True
         try:
-            headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _HOP]
+            headers = [(k, v) for k, v in resp.headers if k not in _HOP]
+            if not rec.stream and resp.length is not None and resp.length <= _MAX_KEEP:
+                ok = await self._whole(send, resp, headers, rec)  # one write instead of a chunked stream
+                return True
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             events = 0
             usage: dict[str, Any] | None = None
             kept: list[bytes] | None = None if rec.stream else []
             kept_n = 0
-            async for chunk in resp.content.iter_any():
+            last = b""
+            while chunk := await resp.next_chunk():
                 if rec.ttft_s is None:
                     rec.ttft_s = self.clock() - rec.t0
                 if kept is None:
@@ -314,9 +328,12 @@ class Gateway:
                 elif kept_n < _MAX_KEEP:
                     kept.append(chunk)
                     kept_n += len(chunk)
+                if resp.done:  # the backend's last bytes: they go out with the end of the answer, one write
+                    last = chunk
+                    break
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if kept:
-                usage = _body_usage(b"".join(kept))
+                usage = _body_usage(kept[0] if len(kept) == 1 else b"".join(kept))
             elif kept is None:
                 events -= 1 + (usage is not None)  # [DONE] and the usage event carry no token
             rec.output_tokens = max(0, events)
@@ -325,18 +342,44 @@ class Gateway:
                 rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
             rec.outcome = "ok" if resp.status < 400 else "backend-status"
             rec.finished = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
-        except (TimeoutError, aiohttp.ClientError) as exc:
+            await send({"type": "http.response.body", "body": last, "more_body": False})
+        except BackendBroken as exc:
             ok = False
             rec.outcome = "backend-broken"
             rec.finished = True
-            log.warning("backend stream of tenant %s broke: %s", rec.tenant, type(exc).__name__)
+            log.warning("backend stream of tenant %s broke: %s", rec.tenant, exc)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             if ok and rec.finished:
                 resp.release()
             else:  # broken, or cancelled because the client left: drop the connection, the backend stops
                 resp.close()
+        return True
+
+    async def _whole(self, send: Send, resp: Response, headers: list[tuple[bytes, bytes]], rec: Record) -> bool:
+        """A non-streamed answer of known length: read it whole, then send it with its length in one piece.
+
+        Its first byte reaches the client when its last one does either way (the backend sends a
+        non-streamed answer when it is complete), so TTFT is the time the whole body was read. If the
+        backend breaks off before the end, nothing has been sent yet: the client gets 502 ``backend-broken``.
+        """
+        try:
+            body = await resp.read()
+        except BackendBroken as exc:
+            log.warning("backend answer of tenant %s broke: %s", rec.tenant, exc)
+            await self._fail(send, rec, HttpError(502, "backend-broken", "the backend broke off its answer"), False)
+            return False
+        rec.ttft_s = self.clock() - rec.t0
+        usage = _body_usage(body)
+        rec.output_tokens = 0
+        if usage:
+            rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
+            rec.output_tokens = int(usage.get("completion_tokens") or 0)
+        rec.outcome = "ok" if resp.status < 400 else "backend-status"
+        rec.finished = True
+        headers.append((b"content-length", b"%d" % len(body)))
+        await send({"type": "http.response.start", "status": resp.status, "headers": headers})
+        await send({"type": "http.response.body", "body": body, "more_body": False})
         return True
 
     async def _models(self, scope: Scope, send: Send) -> None:
@@ -357,11 +400,15 @@ class Gateway:
             return
         try:
             body = await resp.read()
-        except (TimeoutError, aiohttp.ClientError):
+        except BackendBroken:
             resp.close()
             await self._fail(send, rec, HttpError(503, "no-backend", "the backend broke off", 1.0))
             return
-        headers = [(k.lower(), v) for k, v in resp.raw_headers if k.lower() not in _HOP]
+        except BaseException:
+            resp.close()
+            raise
+        resp.release()
+        headers = [(k, v) for k, v in resp.headers if k not in _HOP]
         headers.append((b"content-length", str(len(body)).encode()))
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
@@ -380,26 +427,48 @@ class Gateway:
         rec.e2e_s = self.clock() - rec.t0
         tenant = rec.tenant or "-"
         m = self.metrics
-        m.requests.labels(tenant, outcome).inc()
+        m.requests.inc(tenant, outcome)
         if outcome == "ok" and rec.tenant is not None:
             if rec.queue_wait_s is not None:
-                m.queue_wait.labels(tenant).observe(rec.queue_wait_s)
+                m.queue_wait.observe(tenant, rec.queue_wait_s)
             if rec.ttft_s is not None:
-                m.ttft.labels(tenant).observe(rec.ttft_s)
-            m.e2e.labels(tenant).observe(rec.e2e_s)
+                m.ttft.observe(tenant, rec.ttft_s)
+            m.e2e.observe(tenant, rec.e2e_s)
             if rec.output_tokens > 0:
-                m.ntpot.labels(tenant).observe(rec.e2e_s / rec.output_tokens)
+                m.ntpot.observe(tenant, rec.e2e_s / rec.output_tokens)
         if rec.offered and rec.tenant is not None:
             self.telemetry.finished(self.index[rec.tenant], outcome, rec.e2e_s, rec.ttft_s, rec.queue_wait_s)
-        self.request_log.write(rec.line())
+        if self.request_log.path is not None:
+            self.request_log.write(rec.line())
 
     def _on_alert(self, tenant: str, target: str, unit: str, frac: float) -> None:
-        self.metrics.alerts.labels(tenant, target, unit).inc()
+        self.metrics.alerts.inc(tenant, target, unit)
         log.warning("envelope near exhaustion: tenant=%s target=%s unit=%s remaining=%.0f%%",
                     tenant, target, unit, 100 * frac)
 
 
+# a flat usage object (no nested details): its counts are read by decoding just these few bytes. Inside a JSON
+# string a quote is escaped, so the pattern can only match the key itself, never generated text.
+_FLAT_USAGE = re.compile(rb'"usage": ?(\{[^{}]*\})')
+
+
+def _flat_usage(data: bytes) -> dict[str, Any] | None:
+    m = None
+    for m in _FLAT_USAGE.finditer(data):  # noqa: B007 - the last one (a stream's final usage event)
+        pass
+    if m is None:
+        return None
+    with contextlib.suppress(ValueError):
+        got = json.loads(m.group(1))
+        if isinstance(got, dict):
+            return got
+    return None
+
+
 def _stream_usage(chunk: bytes) -> dict[str, Any] | None:
+    flat = _flat_usage(chunk)
+    if flat is not None:
+        return flat
     for line in chunk.split(b"\n"):
         if _USAGE_KEY in line and line.startswith(b"data:") and b'"usage":null' not in line.replace(b" ", b""):
             with contextlib.suppress(ValueError):
@@ -410,6 +479,9 @@ def _stream_usage(chunk: bytes) -> dict[str, Any] | None:
 
 
 def _body_usage(body: bytes) -> dict[str, Any] | None:
+    flat = _flat_usage(body) if _USAGE_KEY in body else None
+    if flat is not None:
+        return flat
     with contextlib.suppress(ValueError):
         got = json.loads(body)
         if isinstance(got, dict) and isinstance(got.get("usage"), dict):
