@@ -8,6 +8,7 @@ are off: the request log is ours and the headers cost time on every answer.
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 
 import uvicorn
@@ -36,6 +37,7 @@ async def serve(app: Gateway, sock: socket.socket, announce: bool = True) -> Non
         date_header=False,
         backlog=4096,
         timeout_keep_alive=30,
+        proxy_headers=False,  # the gateway never reads the client address; the middleware costs every request
     )
     server = uvicorn.Server(config)
 
@@ -59,4 +61,19 @@ def run(app: Gateway, host: str, port: int) -> None:
     import uvloop
 
     sock = bind(host, port)
+    quiet_gc()
     uvloop.run(serve(app, sock))
+
+
+def quiet_gc() -> None:
+    """Keep the cyclic garbage collector off the request path.
+
+    Everything imported at start-up (tens of thousands of objects: numpy, pydantic, the policy registry)
+    goes into the permanent generation, where no collection scans it again, and the youngest generation is
+    collected every 20,000 net allocations of container objects instead of 700. A request allocates a few
+    hundred short-lived objects that reference counting frees; without this the collector took a large
+    share of the gateway's CPU under load (docs/BENCHMARKS.md, "Gateway").
+    """
+    gc.collect()
+    gc.freeze()
+    gc.set_threshold(20_000, 20, 20)
