@@ -9,6 +9,11 @@ events that may be special (usage, error, empty delta, ``[DONE]``) are looked at
 event's two counts are read with a pattern, falling back to a JSON decode when it does not match. The
 attempt keeps, per read that carried tokens, its arrival time (``times``) and token count (``counts``).
 
+A request sent with ``stream=False`` expects a non-streamed answer: its body is kept whole (up to
+``_MAX_JSON_BODY``), the time its first byte arrived is the attempt's one entry in ``times``, and at the
+end its ``usage`` is read (the same pattern, else a JSON decode); the token count is the one entry in
+``counts``.
+
 An :class:`Attempt` is one try at one scheduled request. When its response ends (or fails), the
 connection calls ``owner.on_attempt_done(connection, attempt, now_ns, reason)`` where ``reason`` is
 ``None`` for a well-formed 200 stream and otherwise names what went wrong (see :data:`REASONS`).
@@ -29,6 +34,7 @@ REASONS = {
     "bad_http": "the response was not valid HTTP/1.1",
     "http_<code>": "the server answered with a non-200 status (e.g. http_429, http_503)",
     "not_streamed": "a 200 answer that was not an event stream",
+    "bad_json": "a non-streamed 200 answer that was not a JSON completion (an object with 'choices')",
     "malformed_sse": "an SSE event that was not `data: <json>` or whose usage JSON did not parse",
     "stream_error": "the stream carried an error event",
     "incomplete_stream": "the stream ended without `data: [DONE]`",
@@ -38,6 +44,7 @@ REASONS = {
 
 _HEAD, _CHUNK_SIZE, _CHUNK_DATA, _CHUNK_CRLF, _TRAILER, _LENGTH, _UNTIL_CLOSE = range(7)
 _MAX_ERROR_BODY = 4096
+_MAX_JSON_BODY = 1 << 22  # bytes of a non-streamed answer kept (to read its usage)
 # byte strings that may make an SSE event something other than a plain content token: such events are
 # parsed one by one, the rest of a read is only counted
 _MARKERS = (b'"usage"', b'"error"', b'"content":""', b'"text":""', b'"content":null', b"[DONE]", b"\n\n\n")
@@ -83,6 +90,28 @@ def _parse_head(head: bytes) -> tuple[int, int, bool, bool, bool, float | None]:
     if status_line.startswith(b"HTTP/1.0"):
         close = True
     return status, length, chunked, close, is_stream, retry_after
+
+
+def _json_answer(a: Attempt, body: bytes) -> str | None:
+    """Read a non-streamed answer's token counts into ``a``; a reason when it is not a JSON completion."""
+    if not a.times or not body.lstrip().startswith(b"{") or b'"choices"' not in body:
+        return "bad_json"
+    m = _USAGE.search(body)
+    if m is not None and body.count(b'"usage"') == 1:
+        a.output_tokens, a.prompt_tokens = int(m.group(1)), int(m.group(2))
+    else:
+        try:
+            obj = json.loads(body)
+        except ValueError:
+            return "bad_json"
+        if not isinstance(obj, dict) or not isinstance(obj.get("choices"), list):
+            return "bad_json"
+        usage = obj.get("usage")
+        if isinstance(usage, dict):
+            a.output_tokens = int(usage.get("completion_tokens") or 0)
+            a.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+    a.counts.append(max(1, a.output_tokens))
+    return None
 
 
 class Owner(Protocol):
@@ -139,6 +168,7 @@ class Connection(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self.cur: Attempt | None = None
         self.closed = False
+        self.expect_stream = True
         self._reset_parser()
 
     def _reset_parser(self) -> None:
@@ -180,8 +210,9 @@ class Connection(asyncio.Protocol):
             self._fail(now, "bad_http")
 
     # -- requests ---------------------------------------------------------------------------------
-    def send(self, attempt: Attempt, data: bytes) -> None:
+    def send(self, attempt: Attempt, data: bytes, stream: bool = True) -> None:
         self.cur = attempt
+        self.expect_stream = stream
         self._reset_parser()
         attempt.send = monotonic_ns()
         self.transport.write(data)  # type: ignore[union-attr]
@@ -334,6 +365,12 @@ class Connection(asyncio.Protocol):
         a = self.cur
         if a is None:
             return
+        if not self.expect_stream and a.status == 200:
+            if not a.times:
+                a.times.append(now)  # the answer's first byte
+            if len(self.body) < _MAX_JSON_BODY:
+                self.body += piece
+            return
         if a.status != 200 or not self.is_stream:
             if len(self.body) < _MAX_ERROR_BODY:
                 self.body += piece[: _MAX_ERROR_BODY - len(self.body)]
@@ -454,6 +491,8 @@ class Connection(asyncio.Protocol):
         reason: str | None = None
         if a.status != 200:
             reason = f"http_{a.status}"
+        elif not self.expect_stream:
+            reason = _json_answer(a, self.body)
         elif not self.is_stream:
             reason = "not_streamed"
         elif a.stream_error:

@@ -95,6 +95,7 @@ class RunConfig:
     tenant_header: str | None = None
     ignore_eos: bool = True
     unique_prompts: bool = True
+    stream: bool = True  # false: non-streamed requests, each answer timed as one JSON body
     lag_bound_ms: float = 5.0
     min_achieved: float = 0.99
     max_retries: int = 0

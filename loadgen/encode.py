@@ -3,7 +3,8 @@
 The prompt of ``n`` tokens is ``n`` copies of a common short word (one token in the usual BPE
 vocabularies), optionally preceded by a per-request number so that a server's prefix cache cannot
 serve every prompt from one entry. Bodies ask for streaming with ``stream_options.include_usage`` so
-token counts come from the server's ``usage`` and no tokenizer is needed.
+token counts come from the server's ``usage`` and no tokenizer is needed; a tenant template with
+``stream=False`` sends ``"stream": false`` instead (the answer's ``usage`` then comes in its JSON body).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ class TenantTemplate:
     extra: dict[str, Any] = field(default_factory=dict)
     ignore_eos: bool = True
     unique_prompts: bool = True
+    stream: bool = True
 
 
 class Encoder:
@@ -66,7 +68,7 @@ class Encoder:
                 f"POST {target.path} HTTP/1.1",
                 f"Host: {host}",
                 "Content-Type: application/json",
-                "Accept: text/event-stream",
+                "Accept: text/event-stream" if t.stream else "Accept: application/json",
                 "Connection: keep-alive",
             ]
             lines += [f"{k}: {v}" for k, v in t.headers.items()]
@@ -89,8 +91,11 @@ class Encoder:
         if t.ignore_eos:
             payload["ignore_eos"] = True
             payload["min_tokens"] = int(output_tokens)
-        payload["stream"] = True
-        payload["stream_options"] = {"include_usage": True}
+        if t.stream:
+            payload["stream"] = True
+            payload["stream_options"] = {"include_usage": True}
+        else:
+            payload["stream"] = False
         payload.update(t.extra)
         return json.dumps(payload, separators=(",", ":")).encode()
 

@@ -11,6 +11,9 @@ tokens (the server's ``usage.completion_tokens``, else ``m``):
 * the scheduled view replaces ``s`` by ``σ``: ``ttft_sched``, ``e2e_sched``, ``ntpot_sched``;
 * ``send_lag = s - σ``, recorded for every request that was sent, failed or not.
 
+A non-streamed request (``stream: false``) has one "token time", the first byte of its JSON answer: it
+gets ``ttft``, ``e2e``, ``ntpot`` and their scheduled views, and no ``itl`` or ``tpot``.
+
 All values are integer nanoseconds.
 """
 

@@ -108,7 +108,8 @@ def templates_for(cfg: RunConfig, model: str) -> list[TenantTemplate]:
             raise ConfigError(f"tenant {t.name!r}: {exc}") from None
         out.append(
             TenantTemplate(
-                t.name, t.model or model, cfg.api, headers, dict(t.extra), cfg.ignore_eos, cfg.unique_prompts
+                t.name, t.model or model, cfg.api, headers, dict(t.extra), cfg.ignore_eos, cfg.unique_prompts,
+                cfg.stream,
             )
         )
     return out

@@ -206,7 +206,7 @@ class Worker:
 
     def _send(self, conn: Connection, a: Attempt) -> None:
         self.busy.add(conn)
-        conn.send(a, self.payloads[a.index])
+        conn.send(a, self.payloads[a.index], self.job.templates[a.tenant].stream)
         if a.attempt == 0:
             self.metrics[a.tenant].sent += 1
             self.metrics[a.tenant].hist["send_lag"].record(a.send - a.sched)
@@ -292,11 +292,13 @@ class Worker:
         h["ttft_sched"].record(first - sched)
         h["e2e_sched"].record(now - sched)
         h["ntpot_sched"].record((now - sched) // tokens)
+        streamed = self.job.templates[a.tenant].stream
         # one gap per read that carried tokens; tokens that arrived in the same read are 0 ns apart
+        # (a non-streamed answer has no token times: no ITL, no TPOT)
         itl = h["itl"]
-        zeros = counts[0] - 1
+        zeros = counts[0] - 1 if streamed else 0
         max_gap = 0
-        if len(times) > 1:
+        if streamed and len(times) > 1:
             rec = itl.record
             prev = first
             for t, c in zip(times[1:], counts[1:], strict=True):
@@ -308,8 +310,8 @@ class Worker:
                 zeros += c - 1
         if zeros:
             itl.record_n(0, zeros)
-        tpot = (e2e - ttft) // (tokens - 1) if tokens > 1 else 0
-        if tokens > 1:
+        tpot = (e2e - ttft) // (tokens - 1) if tokens > 1 and streamed else 0
+        if tokens > 1 and streamed:
             h["tpot"].record(tpot)
         m.ok += 1
         m.output_tokens += tokens

@@ -234,3 +234,47 @@ def test_cli_rejects_bad_input_with_a_clear_message(tmp_path, args, message):
     res = CliRunner().invoke(app, ["run", "--out", str(tmp_path), "--model", "m", *args])
     assert res.exit_code == 2
     assert message in res.output.replace("\n", " ")
+
+
+@pytest.mark.parametrize("api", ["completions", "chat"])
+def test_non_streamed_requests_are_timed_as_one_json_answer(mock_server, tmp_path, api):
+    url = mock_server(ttft_ms=5.0, itl_ms=1.0)  # the mock answers a non-streamed request at once
+    p = tmp_path / "plain.yaml"
+    p.write_text(
+        "\n".join(
+            [
+                f"url: {url}",
+                f"api: {api}",
+                "model: mock",
+                "duration: 1.5",
+                "workers: 1",
+                "stream: false",
+                "tenants:",
+                "  - {name: plain, rate: 40, arrival: constant, prompt: 8, output: 6}",
+                "  - {name: fault, rate: 10, arrival: constant, output: 6, extra: {mock_fault: '500'}}",
+                # the server streams although the generator expects JSON: not a valid answer
+                "  - {name: streamed, rate: 10, arrival: constant, output: 6, extra: {stream: true}}",
+            ]
+        )
+    )
+    cfg = load_yaml(p).validate()
+    assert cfg.stream is False
+    r = run_stage(cfg, "mock")
+    m = r.tenants["plain"]
+    assert m.errors == {} and m.ok == m.scheduled == 60
+    assert m.output_tokens == 6 * m.ok and m.prompt_tokens > 0  # from the JSON body's usage
+    h = m.hist
+    assert h["e2e"].count == h["ttft"].count == h["ntpot"].count == m.ok
+    assert h["itl"].count == 0 and h["tpot"].count == 0  # no token times in a non-streamed answer
+    assert 0 < h["ttft"].percentile(50) <= h["e2e"].percentile(50)
+    assert r.tenants["fault"].errors == {"http_500": r.tenants["fault"].scheduled}
+    assert r.tenants["streamed"].errors == {"bad_json": r.tenants["streamed"].scheduled}
+
+
+def test_streaming_stays_the_default(mock_server):
+    url = mock_server(itl_ms=1.0)
+    cfg = RunConfig(url=url, duration=0.5, workers=1, tenants=[parse_tenant_flag("name=a,rate=20,output=3")])
+    assert cfg.validate().stream is True
+    r = run_stage(cfg, "mock")
+    m = r.tenants["a"]
+    assert m.errors == {} and m.ok == m.scheduled and m.hist["itl"].count == 2 * m.ok
