@@ -1,0 +1,138 @@
+"""What a rate-envelope check costs per request with Redis (several replicas) against in process (one).
+
+One event loop, one tenant with a requests and a tokens bucket (rates no call exhausts), and per round, side
+by side: the in-process `EnvelopeBook.charge` (what a gateway without Redis runs), the shared
+`SharedEnvelopeBook.charge_shared` (one GCRA Lua script, EVALSHA over redis.asyncio to a redis-server on
+127.0.0.1 — what a gateway with Redis runs), and a bare PING on the same connection (the client's and the
+loopback's share of it). Calls are sequential, one in flight, so each is one request's added latency with
+nothing queued in front of it. Prints wall-clock p50/p99/mean in microseconds, and the mean CPU time of
+this (the gateway's) thread per call, which the machine's load inflates less, and writes them as JSON.
+
+    python benchmarks/redis_envelope_bench.py --rounds 5000 --warmup 500
+
+Needs Debian's redis-server (started here on a free port, no persistence) unless --redis-url is given.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from admit.gateway.config import EnvelopeConfig, RedisConfig, TenantConfig
+from admit.gateway.envelopes import Charge, EnvelopeBook
+from admit.gateway.redis_admission import RedisAdmission
+from admit.gateway.redis_envelopes import SharedEnvelopeBook
+
+ENVELOPE = EnvelopeConfig(target="*", requests_per_s=1e9, request_burst=10**9, tokens_per_s=1e12,
+                          token_burst=10**12)
+
+
+def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
+    exe = shutil.which("redis-server")
+    if exe is None:
+        sys.exit("redis-server is not installed (apt-get install redis-server), or pass --redis-url")
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", "",
+                             "--appendonly", "no", "--daemonize", "no"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline:
+        try:
+            with socket.create_connection(("127.0.0.1", port), timeout=1) as c:
+                c.sendall(b"PING\r\n")
+                if c.recv(16).startswith(b"+PONG"):
+                    return proc, f"redis://127.0.0.1:{port}/0"
+        except OSError:
+            time.sleep(0.02)
+    proc.kill()
+    sys.exit("redis-server did not start")
+
+
+def summary(ns: list[int]) -> dict[str, float]:
+    us = np.asarray(ns, dtype=float) / 1000
+    return {"p50_us": round(float(np.percentile(us, 50)), 1), "p99_us": round(float(np.percentile(us, 99)), 1),
+            "mean_us": round(float(us.mean()), 1)}
+
+
+async def run(url: str, rounds: int, warmup: int) -> dict[str, Any]:
+    tenants = [TenantConfig(name="t", limit=1)]
+    adm = RedisAdmission(tenants, RedisConfig(url=url, prefix=f"bench{os.getpid()}"), "bench")
+    await adm.start()
+    shared = SharedEnvelopeBook(adm.cfg, time.monotonic)
+    shared.configure("t", ENVELOPE, time.monotonic())
+    await shared.attach(adm)
+    local = EnvelopeBook()
+    local.configure("t", ENVELOPE, time.monotonic())
+    out: dict[str, list[int]] = {"local": [], "redis": [], "ping": []}
+    cpu = dict.fromkeys(out, 0)
+    clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+    try:
+        for i in range(warmup + rounds):
+            c0, t0 = cpu_clock(), clock()
+            a = local.charge("t", "m", 100, time.monotonic())
+            c1, t1 = cpu_clock(), clock()
+            b = await shared.charge_shared("t", "m", 100)
+            c2, t2 = cpu_clock(), clock()
+            await adm.r.ping()
+            c3, t3 = cpu_clock(), clock()
+            assert isinstance(a, Charge) and isinstance(b, Charge), (a, b)
+            if i >= warmup:
+                out["local"].append(t1 - t0)
+                out["redis"].append(t2 - t1)
+                out["ping"].append(t3 - t2)
+                cpu["local"] += c1 - c0
+                cpu["redis"] += c2 - c1
+                cpu["ping"] += c3 - c2
+        assert adm.up, "Redis went away during the run"
+    finally:
+        await adm.close()
+    res: dict[str, Any] = {k: {**summary(v), "cpu_us": round(cpu[k] / rounds / 1000, 1)} for k, v in out.items()}
+    res["added_p50_us"] = round(res["redis"]["p50_us"] - res["local"]["p50_us"], 1)
+    res["added_p99_us"] = round(res["redis"]["p99_us"] - res["local"]["p99_us"], 1)
+    return res
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=5000, help="measured rounds (each: local, Redis, PING)")
+    ap.add_argument("--warmup", type=int, default=500, help="rounds run first and not measured")
+    ap.add_argument("--redis-url", help="an existing server instead of starting one")
+    ap.add_argument("--out", type=Path, default=Path("results/redis_envelope_bench.json"))
+    args = ap.parse_args()
+    if args.rounds < 100 or args.warmup < 0:
+        ap.error(f"--rounds must be >= 100 and --warmup >= 0 (got {args.rounds}, {args.warmup})")
+    with tempfile.TemporaryDirectory() as tmp:
+        proc, url = (None, args.redis_url) if args.redis_url else start_redis(Path(tmp))
+        try:
+            res = asyncio.run(run(url, args.rounds, args.warmup))
+        finally:
+            if proc is not None:
+                proc.terminate()
+                proc.wait(10)
+    res.update(rounds=args.rounds, load_average=os.getloadavg(), python=sys.version.split()[0])
+    print(f"envelope check, {args.rounds} sequential rounds, load average {os.getloadavg()[0]:.2f}")
+    print(f"{'':>28} {'p50 us':>8} {'p99 us':>8} {'mean us':>8} {'CPU us':>8}")
+    for k, label in (("local", "in process (EnvelopeBook)"), ("redis", "Redis GCRA script"),
+                     ("ping", "Redis PING (same client)")):
+        r = res[k]
+        print(f"{label:>28} {r['p50_us']:>8} {r['p99_us']:>8} {r['mean_us']:>8} {r['cpu_us']:>8}")
+    print(f"added by Redis: p50 +{res['added_p50_us']} us, p99 +{res['added_p99_us']} us")
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(res, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
