@@ -40,13 +40,15 @@ def _no_arg(cls: type) -> Callable[[str | None], Controller]:
     return make
 
 
-# robust and its ablations: each one switches one of the four requirements off (controllers/robust.py)
+# robust and its ablations: each one switches one requirement off (controllers/robust.py: the study's four and
+# the interference gate)
 _ROBUST_ABLATIONS = {
     "robust": {},
     "robust-no-confidence": {"confidence": False},
     "robust-global": {"per_tenant": False},
     "robust-symmetric": {"asymmetric": False},
     "robust-no-context": {"context": False},
+    "robust-no-interference": {"interference": False},
 }
 
 

@@ -20,6 +20,11 @@
     over ~``slow_s``), restricted to the lowest spec priority among them; a bursting donor is paced by
     ``burst_step`` (max_step) per decision, since its burst is what congests the server. Off: every
     tenant is a donor, priorities and bursts are ignored.
+(5) interference — growth on a backlog (max_step) only while the server is not slow for everyone: a
+    backlog behind an inflated server (service time e2e_p50 − ttft_p50 ≥ ``inflation_high`` × each
+    tenant's own unloaded baseline, controllers/inflation.py) is not fixed by admitting more — the extra
+    prefill slows every decode, and the p99 of the long decodes is the tail. Then only the timeout guard
+    of (3) raises a limit. Off (``interference=False``): a backlog grows whatever the server's speed.
 Inputs: per-tenant queue_depth, queue_wait_p99, arrivals, completions, ttft/e2e p50/p95/p99 and SLOs;
 global engine_waiting and gpu_mem_util. Deterministic; no randomness.
 """
@@ -28,6 +33,7 @@ from __future__ import annotations
 
 import math
 
+from admit.controllers.inflation import ServiceInflation
 from admit.controllers.slo_bound import MissHistory, share_above
 from admit.core.observation import NO_SLO, Observation
 from admit.core.spec import ControlSpec
@@ -41,8 +47,9 @@ class RobustController:
                  urgent_frac: float = 0.5, safe_frac: float = 0.25, hold_s: float = 10.0, down_step: int = 1,
                  slack_margin: float = 0.5, burst_ratio: float = 2.0, fast_s: float = 6.0, slow_s: float = 120.0,
                  memory_s: float = 300.0, pace_headroom: float = 2.0, waiting_high: float = 5.0,
-                 kv_high: float = 0.8) -> None:
+                 kv_high: float = 0.8, interference: bool = True, inflation_high: float = 3.0) -> None:
         self.confidence, self.per_tenant, self.asymmetric, self.context = confidence, per_tenant, asymmetric, context
+        self.interference, self.inflation_high = interference, inflation_high
         self.history_s, self.z, self.miss_ok = history_s, z, 1.0 - quantile
         self.urgent_frac, self.safe_frac, self.hold_s, self.down_step = urgent_frac, safe_frac, hold_s, down_step
         self.slack_margin, self.burst_ratio, self.fast_s, self.slow_s = slack_margin, burst_ratio, fast_s, slow_s
@@ -63,6 +70,8 @@ class RobustController:
         self.first = True
         self.busy = [0.0] * n  # EMA of in-flight requests: the concurrency the tenant needs on average
         self.timeout = spec.queue_timeout_s if math.isfinite(spec.queue_timeout_s) else math.inf
+        self.inflation = ServiceInflation(n)
+        self.last_inflation = 1.0
 
     def _read(self, obs: Observation) -> tuple[list[bool], list[bool], list[bool], list[bool]]:
         risk, own, slack, burst = [], [], [], []
@@ -101,6 +110,9 @@ class RobustController:
 
     def act(self, obs: Observation) -> list[int]:
         risk, own, slack, burst = self._read(obs)
+        if self.interference:  # (5) is the server slow for everyone? then more admissions only add to it
+            self.last_inflation = self.inflation.update(obs)
+        inflated = self.interference and self.last_inflation >= self.inflation_high
         k, n, now = self.spec.limits.max_step, obs.n_tenants, obs.time_s
         waiting = obs.engine_waiting
         saturated = waiting >= self.waiting_high or (obs.gpu_mem_util >= self.kv_high and waiting > 0)
@@ -115,7 +127,7 @@ class RobustController:
             elif congested:
                 d = -(self.down_step if self.asymmetric else up)
             else:
-                d = up if any(t.queue_depth > 0 for t in obs.tenants) else 0
+                d = up if any(t.queue_depth > 0 for t in obs.tenants) and not inflated else 0
             return [d] * n
         if self.context:  # (4) donors: slack or bursting, lowest priority first
             cand = [i for i in range(n) if slack[i] or burst[i]]
@@ -142,7 +154,7 @@ class RobustController:
                 d = -min(step, int(t.limit) - floor)
                 if self.asymmetric and not paced:
                     self.next_down[i] = now + self.hold_s
-            elif t.queue_depth > 0 and not (congested and i in donor):
+            elif t.queue_depth > 0 and not inflated and not (congested and i in donor):
                 d = up
             else:
                 d = 0

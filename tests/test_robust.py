@@ -1,4 +1,4 @@
-"""The robust controller: its confidence bound, and each requirement's switch changing behaviour."""
+"""The robust controller: its confidence bound, the inflation signal, and each switch changing behaviour."""
 
 import numpy as np
 import pytest
@@ -122,7 +122,8 @@ def test_deltas_within_max_step_and_deterministic():
                      arrivals=float(rng.integers(0, 200)), ttft_p99=float(rng.uniform(0, 3)),
                      samples=float(rng.integers(0, 100))) for _ in range(3)]
         seq.append(Observation(2.0 * k, 10.0, float(rng.uniform()), 50.0, float(rng.integers(0, 9)), ts))
-    for name in ("robust", "robust-no-confidence", "robust-global", "robust-symmetric", "robust-no-context"):
+    for name in ("robust", "robust-no-confidence", "robust-global", "robust-symmetric", "robust-no-context",
+                 "robust-no-interference"):
         a, b = make_controller(name), make_controller(name)
         a.reset(SPEC, seed=1)
         b.reset(SPEC, seed=1)
@@ -136,3 +137,39 @@ def test_on_seed_paper_robust_matches_static_exactly():
     s, r = ev["policies"]["static"], ev["policies"]["robust"]
     for m in ("throughput_rps", "p99_s", "dropped"):
         assert r[m]["values"] == s[m]["values"]
+
+
+def test_service_inflation_reads_slowdown_against_each_tenants_own_baseline():
+    from admit.controllers.inflation import ServiceInflation
+
+    inf = ServiceInflation(2, min_windows=5)
+    calm = Observation(0.0, 10.0, 0.1, 10.0, 0.0, [tenant(e2e_p50=2.05, ttft_p50=0.05),
+                                                    tenant(e2e_p50=0.25, ttft_p50=0.05, samples=50.0)])
+    for _ in range(10):
+        assert inf.update(calm) == pytest.approx(1.0)
+    # tenant 0 decodes 10x slower, tenant 1 2x slower: completion-weighted mean of the two ratios
+    slow = Observation(20.0, 10.0, 0.1, 10.0, 0.0, [tenant(e2e_p50=20.05, ttft_p50=0.05, samples=150.0),
+                                                     tenant(e2e_p50=0.45, ttft_p50=0.05, samples=50.0)])
+    assert inf.update(slow) == pytest.approx((150 * 10 + 50 * 2) / 200)
+    few = Observation(22.0, 10.0, 0.1, 10.0, 0.0, [tenant(e2e_p50=99.0, samples=3.0), tenant(samples=0.0)])
+    assert inf.update(few) == 1.0  # too few completions in the window: no reading
+
+
+def backlog_seq(slow: bool, wait: float) -> list[Observation]:
+    """40 calm windows, then the steady slack tenant queues; its service time stays or goes 10x up."""
+    seq = [quiet(2.0 * k) for k in range(40)]
+    e2e = 30.0 if slow else 3.0
+    last = Observation(80.0, 10.0, 0.1, 60.0, 0.0,
+                       [tenant(e2e_p50=e2e), tenant(e2e_p50=e2e),
+                        tenant(e2e_p50=e2e, queue_depth=10.0, queue_wait_p99=wait, in_flight=64.0)])
+    return [*seq, last]
+
+
+def test_interference_backlog_grows_on_a_fast_server_and_holds_on_a_slow_one():
+    assert run(RobustController(), backlog_seq(slow=False, wait=1.0))[-1][2] == 4  # its cap is the bottleneck
+    assert run(RobustController(), backlog_seq(slow=True, wait=1.0))[-1][2] == 0  # the server is
+    assert run(RobustController(interference=False), backlog_seq(slow=True, wait=1.0))[-1][2] == 4
+    # the timeout guard still raises a tenant whose wait nears the timeout, however slow the server
+    assert run(RobustController(), backlog_seq(slow=True, wait=16.0))[-1][2] == 4
+    c = make_controller("robust-no-interference")
+    assert c.name == "robust-no-interference" and c.interference is False
