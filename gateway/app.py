@@ -447,22 +447,20 @@ class Gateway:
                     tenant, target, unit, 100 * frac)
 
 
-# a flat usage object (no nested details): its counts are read by decoding just these few bytes. Inside a JSON
+# the usage object's two counts, read without decoding any JSON (either order, plain integers). Inside a JSON
 # string a quote is escaped, so the pattern can only match the key itself, never generated text.
-_FLAT_USAGE = re.compile(rb'"usage": ?(\{[^{}]*\})')
+_USAGE_COUNTS = re.compile(
+    rb'"usage": ?\{(?=[^{}]*"prompt_tokens": ?(\d+)[,}])(?=[^{}]*"completion_tokens": ?(\d+)[,}])'
+)
 
 
 def _flat_usage(data: bytes) -> dict[str, Any] | None:
-    m = None
-    for m in _FLAT_USAGE.finditer(data):  # noqa: B007 - the last one (a stream's final usage event)
-        pass
+    """The two counts of the last usage object in ``data``, if it has them as plain integers, without nesting."""
+    at = data.rfind(_USAGE_KEY)
+    m = _USAGE_COUNTS.match(data, at) if at >= 0 else None
     if m is None:
         return None
-    with contextlib.suppress(ValueError):
-        got = json.loads(m.group(1))
-        if isinstance(got, dict):
-            return got
-    return None
+    return {"prompt_tokens": int(m.group(1)), "completion_tokens": int(m.group(2))}
 
 
 def _stream_usage(chunk: bytes) -> dict[str, Any] | None:
@@ -479,7 +477,7 @@ def _stream_usage(chunk: bytes) -> dict[str, Any] | None:
 
 
 def _body_usage(body: bytes) -> dict[str, Any] | None:
-    flat = _flat_usage(body) if _USAGE_KEY in body else None
+    flat = _flat_usage(body)
     if flat is not None:
         return flat
     with contextlib.suppress(ValueError):
