@@ -34,8 +34,7 @@ from admit.gateway.envelopes import Charge, EnvelopeBook
 from admit.gateway.redis_admission import RedisAdmission
 from admit.gateway.redis_envelopes import SharedEnvelopeBook
 
-ENVELOPE = EnvelopeConfig(target="*", requests_per_s=1e9, request_burst=10**9, tokens_per_s=1e12,
-                          token_burst=10**12)
+ENVELOPE = EnvelopeConfig(target="*", requests_per_s=1e9, request_burst=10**9, tokens_per_s=1e12, token_burst=10**12)
 
 
 def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
@@ -45,9 +44,25 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    proc = subprocess.Popen([exe, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(folder), "--save", "",
-                             "--appendonly", "no", "--daemonize", "no"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        [
+            exe,
+            "--port",
+            str(port),
+            "--bind",
+            "127.0.0.1",
+            "--dir",
+            str(folder),
+            "--save",
+            "",
+            "--appendonly",
+            "no",
+            "--daemonize",
+            "no",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 20
     while time.monotonic() < deadline:
         try:
@@ -63,8 +78,11 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def summary(ns: list[int]) -> dict[str, float]:
     us = np.asarray(ns, dtype=float) / 1000
-    return {"p50_us": round(float(np.percentile(us, 50)), 1), "p99_us": round(float(np.percentile(us, 99)), 1),
-            "mean_us": round(float(us.mean()), 1)}
+    return {
+        "p50_us": round(float(np.percentile(us, 50)), 1),
+        "p99_us": round(float(np.percentile(us, 99)), 1),
+        "mean_us": round(float(us.mean()), 1),
+    }
 
 
 async def run(url: str, rounds: int, warmup: int) -> dict[str, Any]:
@@ -125,8 +143,11 @@ def main() -> None:
     res.update(rounds=args.rounds, load_average=os.getloadavg(), python=sys.version.split()[0])
     print(f"envelope check, {args.rounds} sequential rounds, load average {os.getloadavg()[0]:.2f}")
     print(f"{'':>28} {'p50 us':>8} {'p99 us':>8} {'mean us':>8} {'CPU us':>8}")
-    for k, label in (("local", "in process (EnvelopeBook)"), ("redis", "Redis GCRA script"),
-                     ("ping", "Redis PING (same client)")):
+    for k, label in (
+        ("local", "in process (EnvelopeBook)"),
+        ("redis", "Redis GCRA script"),
+        ("ping", "Redis PING (same client)"),
+    ):
         r = res[k]
         print(f"{label:>28} {r['p50_us']:>8} {r['p99_us']:>8} {r['mean_us']:>8} {r['cpu_us']:>8}")
     print(f"added by Redis: p50 +{res['added_p50_us']} us, p99 +{res['added_p99_us']} us")

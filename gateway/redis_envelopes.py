@@ -154,11 +154,11 @@ class SharedEnvelopeBook(EnvelopeBook):
         """Set the mirror buckets (and backoffs) to what Redis answered, on this replica's clock."""
         now = self._clock()
         n = len(items)
-        for (env, unit), ahead in zip(items, got[3:3 + n], strict=True):
+        for (env, unit), ahead in zip(items, got[3 : 3 + n], strict=True):
             b = env.buckets.get(unit)
             if b is not None:
                 b.tat = now + float(ahead)
-        for env, left in zip(envs, got[3 + n:], strict=True):
+        for env, left in zip(envs, got[3 + n :], strict=True):
             env.backoff_until = now + float(left) if float(left) > 0 else min(env.backoff_until, now)
 
     # ----------------------------------------------------------------- changes
@@ -190,8 +190,12 @@ class SharedEnvelopeBook(EnvelopeBook):
                 rates[0:2] = [cfg.requests_per_s, cfg.request_burst_or_default]
             if cfg.tokens_per_s is not None:
                 rates[2:4] = [cfg.tokens_per_s, cfg.token_burst_or_default]
-        keys = [self._cfg_key, self._bucket_key(tenant, target, "requests"), self._bucket_key(tenant, target, "tokens"),
-                self._backoff_key(tenant, target)]
+        keys = [
+            self._cfg_key,
+            self._bucket_key(tenant, target, "requests"),
+            self._bucket_key(tenant, target, "tokens"),
+            self._backoff_key(tenant, target),
+        ]
         value = _json(cfg)
         try:
             await self._set(keys=keys, args=[field, value, *rates])
@@ -251,8 +255,9 @@ class SharedEnvelopeBook(EnvelopeBook):
         assert adm is not None
         if adm.cfg.failure_mode == "closed":
             adm.stats.fail_closed_deferred[adm.names.index(tenant)] += 1
-            raise Deferred(ADMISSION_UNAVAILABLE, adm.cfg.retry_after_s,
-                           "the shared rate envelopes are unreachable", status=503)
+            raise Deferred(
+                ADMISSION_UNAVAILABLE, adm.cfg.retry_after_s, "the shared rate envelopes are unreachable", status=503
+            )
         got = super().charge(tenant, target, tokens, self._clock())
         if isinstance(got, Charge):
             self.fail_open_charged += 1

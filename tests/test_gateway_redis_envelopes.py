@@ -42,12 +42,23 @@ def config(rs: RedisServer, mode: str, burst: int = 6) -> dict[str, Any]:
     return {
         "redis": {"url": rs.url, "failure_mode": mode, "lease_ttl_s": 30, "poll_s": 0.05, "timeout_s": 1},
         "tenants": [
-            tenant_cfg("req", limit=8, max_queue=50, queue_ttl_s=60,
-                       envelopes=[{"target": "*", "requests_per_s": RATE, "request_burst": burst}]),
-            tenant_cfg("tok", limit=8, max_queue=50, queue_ttl_s=60,
-                       envelopes=[{"target": "mock", "tokens_per_s": 1, "token_burst": 200}]),
-            tenant_cfg("one", limit=1, max_queue=0,
-                       envelopes=[{"target": "*", "requests_per_s": RATE, "request_burst": 3}]),
+            tenant_cfg(
+                "req",
+                limit=8,
+                max_queue=50,
+                queue_ttl_s=60,
+                envelopes=[{"target": "*", "requests_per_s": RATE, "request_burst": burst}],
+            ),
+            tenant_cfg(
+                "tok",
+                limit=8,
+                max_queue=50,
+                queue_ttl_s=60,
+                envelopes=[{"target": "mock", "tokens_per_s": 1, "token_burst": 200}],
+            ),
+            tenant_cfg(
+                "one", limit=1, max_queue=0, envelopes=[{"target": "*", "requests_per_s": RATE, "request_burst": 3}]
+            ),
         ],
     }
 
@@ -63,8 +74,9 @@ def replicas(tmp: Path, mock: CountingMock, cfg: dict[str, Any], n: int = 2) -> 
 Answer = tuple[int, str | None]
 
 
-async def one(s: aiohttp.ClientSession, url: str, tenant: str, tokens: int = 2, model: str = "mock",
-              stream: bool = False) -> Answer:
+async def one(
+    s: aiohttp.ClientSession, url: str, tenant: str, tokens: int = 2, model: str = "mock", stream: bool = False
+) -> Answer:
     body = {"model": model, "prompt": "x", "max_tokens": tokens, "stream": stream}
     async with s.post(url + "/v1/completions", json=body, headers={"Authorization": f"Bearer {key(tenant)}"}) as r:
         await r.read()
@@ -151,8 +163,11 @@ def test_envelope_changes_reach_every_replica(tmp_path: Path, mock: CountingMock
     gs = replicas(tmp_path, mock, cfg)
     try:
         assert asyncio.run(spread([gs[1].url], 3, "req")).count((200, None)) == 2
-        status, body = gs[0].admin("PUT", "/admin/tenants/req/envelopes/*",
-                                   {"requests_per_s": 1000, "request_burst": 1000, "reason": "open up"})
+        status, body = gs[0].admin(
+            "PUT",
+            "/admin/tenants/req/envelopes/*",
+            {"requests_per_s": 1000, "request_burst": 1000, "reason": "open up"},
+        )
         assert status == 200, body
         wait_for(lambda: envelope(gs[1], "req")["config"]["requests_per_s"] == 1000, 10, "the change at replica 2")
         assert asyncio.run(spread([gs[1].url], 10, "req")) == [(200, None)] * 10  # and it binds there
@@ -178,6 +193,7 @@ def test_refunds_reach_the_shared_bucket(tmp_path: Path, mock: CountingMock, rs:
     """Charged, then deferred by the (shared) limit: the envelope gets the unit back, at every replica."""
     gs = replicas(tmp_path, mock, config(rs, "closed"))
     try:
+
         def left(g: GatewayProcess) -> float:
             return float(envelope(g, "one")["requests"]["remaining"])
 
@@ -214,8 +230,12 @@ def _outage(gs: list[GatewayProcess], mock: CountingMock, rs: RedisServer) -> tu
             running = [asyncio.ensure_future(one(s, g.url, "req", 60, stream=True)) for g in gs]
             await asyncio.to_thread(wait_for, lambda: mock.counter.now == 2, 20, "two requests at the backend")
             for g in gs:  # each replica's mirror has seen the other's spend
-                await asyncio.to_thread(wait_for, lambda g=g: envelope(g, "req")["requests"]["remaining"] < 3, 10,
-                                        "the shared budget at every replica")
+                await asyncio.to_thread(
+                    wait_for,
+                    lambda g=g: envelope(g, "req")["requests"]["remaining"] < 3,
+                    10,
+                    "the shared budget at every replica",
+                )
             assert leases(rs) == 2
             rs.kill()
             late = []

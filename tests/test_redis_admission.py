@@ -116,3 +116,43 @@ def test_both_backends_set_limits_through_one_check(rs: RedisServer) -> None:
     assert local[0] == 2 and local[1] == 7
     assert local[2][0] == "limit must be an integer >= 0, got -1"
     assert local[2][1] == "limit must be an integer >= 0, got 2.5"
+
+
+def test_envelope_configs_in_redis_are_seeded_once_and_bad_values_are_ignored(
+    rs: RedisServer, caplog: pytest.LogCaptureFixture
+) -> None:
+    from admit.gateway.config import EnvelopeConfig
+    from admit.gateway.redis_envelopes import SharedEnvelopeBook
+
+    tenants = [TenantConfig(name="a", limit=2)]
+    cfg = RedisConfig(url=rs.url)
+
+    async def replica(name: str, rate: float) -> tuple[RedisAdmission, SharedEnvelopeBook]:
+        adm = RedisAdmission(tenants, cfg, name)
+        await adm.start()
+        book = SharedEnvelopeBook(cfg, time.monotonic)
+        book.configure("a", EnvelopeConfig(target="*", requests_per_s=rate, request_burst=5), time.monotonic())
+        await book.attach(adm)
+        return adm, book
+
+    async def run() -> tuple[list[float], list[str]]:
+        adm1, book1 = await replica("r1", 5.0)
+        adm2, book2 = await replica("r2", 1.0)  # its file says 1/s, but Redis already holds 5/s: Redis wins
+        try:
+            r = aioredis.Redis.from_url(rs.url, decode_responses=True)
+            await r.hset("admit:envelopes", mapping={"a/bad": "{not json", "a/neg": '{"requests_per_s": -1}',
+                                                     "nobody/*": '{"requests_per_s": 1}'})
+            await r.aclose()
+            await book1.refresh()  # neither raises nor takes them
+            rates = [env.cfg.requests_per_s or 0 for book in (book1, book2) for env in book.envelopes("a")]
+            targets = [env.cfg.target for env in book1.envelopes("a")]
+            return rates, targets
+        finally:
+            await adm1.close()
+            await adm2.close()
+
+    with caplog.at_level("WARNING", logger="admit.gateway.redis"):
+        rates, targets = asyncio.run(run())
+    assert rates == [5.0, 5.0] and targets == ["*"]
+    warned = [m for m in caplog.messages if "not a valid config" in m]
+    assert len(warned) == 2 and any("a/bad" in m for m in warned) and any("a/neg" in m for m in warned)
