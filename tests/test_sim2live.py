@@ -9,7 +9,17 @@ from pathlib import Path
 
 from admit.envs.fidelity import SIM2LIVE_SECTION, kept_tail
 from admit.envs.scenario import load_scenario
-from admit.gateway.sim2live import replay_requests, simulate, write_section, write_trace
+from admit.gateway.sim2live import (
+    align_decisions,
+    compare,
+    nearest_rank,
+    per_request_gap,
+    replay_requests,
+    simulate,
+    write_section,
+    write_trace,
+)
+from admit.loadgen.histogram import Histogram
 from admit.loadgen.traces import read_trace
 
 
@@ -39,6 +49,32 @@ def test_the_simulator_runs_on_the_replayed_requests_and_drains() -> None:
     assert res["completed"] == len(reqs)  # drained: nothing dropped at this load, nothing left running
     assert res["e2e_p99_s"] >= res["e2e_p50_s"] > 0
     assert simulate(sc, reqs, "static", seed=3) == res  # the requests are not used up by a run
+    # one logged decision per interval of the load, at t = 0, interval, ... (what the live log is matched with)
+    assert [d["t"] for d in res["decisions"]] == [k * sc.interval_s for k in range(int(30 / sc.interval_s))]
+    assert res["decisions"][0]["observation"]["tenants"]["chat"]["arrivals"] == 0  # t = 0: nothing arrived yet
+    assert all(d["limits_after"] == {"chat": 4, "agent": 4} for d in res["decisions"])  # static holds
+
+
+def test_live_decisions_are_matched_to_the_simulators_by_time_since_the_first_arrival() -> None:
+    sim = [{"t": 2.0 * k, "limits_after": {"a": 4 + k}} for k in range(4)]
+    live = [{"time": 100.0, "limits_after": {"a": 4}},  # before the load: the simulator's t = 0
+            {"time": 101.5, "since_traffic_s": 2.004, "limits_after": {"a": 5}},
+            {"time": 103.5, "since_traffic_s": 3.99, "limits_after": {"a": 5}},  # the simulator moved to 6 here
+            {"time": 105.5, "outcome": "fetch-error"},  # decided nothing
+            {"time": 107.5, "since_traffic_s": 8.01, "limits_after": {"a": 8}}]  # past the simulator's horizon
+    got = align_decisions(sim, live, 2.0)
+    assert [r["live"] for r in got["rows"]] == [{"a": 4}, {"a": 5}, {"a": 5}, None]
+    assert (got["decisions"], got["same_limits"], got["first_difference_t"]) == (4, 2, 4.0)
+    assert got["max_offset_s"] == 0.01 and got["rows"][0]["offset_s"] is None and got["max_limit_gap"] == 1
+
+
+def test_repetitions_are_compared_by_their_median_with_the_spread_beside_it() -> None:
+    sim = {"throughput_rps": 2.0, "e2e_p99_s": 1.0, "tenants": {"a": {"e2e_p99_s": 1.0}}}
+    lives = [{"throughput_rps": 2.0, "e2e_p99_s": x, "tenants": {"a": {"e2e_p99_s": x}}} for x in (1.05, 1.3, 0.98)]
+    got = compare(sim, lives)["all"]["e2e_p99_s"]
+    assert (got["live"], got["live_min"], got["live_max"]) == (1.05, 0.98, 1.3)
+    assert got["rel_diff"] == 0.05 and got["within"] and got["reps_within"] == 2 and got["rel_diffs"][1] == 0.3
+    assert compare(sim, lives[1:2])["a"]["e2e_p99_s"]["within"] is False  # 10% is not loosened for one run
 
 
 def test_the_section_survives_regeneration(tmp_path: Path) -> None:
@@ -50,3 +86,26 @@ def test_the_section_survives_regeneration(tmp_path: Path) -> None:
     assert text.count(SIM2LIVE_SECTION) == 1 and "| c | d |" in text and text.startswith("# Report")
     regenerated = "# Report\n\nnew body\n" + kept_tail(doc)  # what `admit fidelity` writes
     assert "new body" in regenerated and regenerated.endswith(f"{SIM2LIVE_SECTION}\n\n| c | d |\n")
+
+
+def test_per_request_gap_matches_the_same_requests_in_arrival_order(tmp_path: Path) -> None:
+    log = tmp_path / "requests.jsonl"
+    rows = [{"tenant": "a", "arrival": 10.5, "e2e_s": 1.25, "outcome": "ok", "path": "/v1/completions"},
+            {"tenant": "a", "arrival": 10.0, "e2e_s": 2.0, "outcome": "ok", "path": "/v1/completions"},
+            {"tenant": "a", "arrival": 9.0, "e2e_s": 0.01, "outcome": "ok", "path": "/v1/models"},  # not a request
+            {"tenant": "b", "arrival": 10.2, "e2e_s": 0.5, "outcome": "ok", "path": "/v1/completions"}]
+    log.write_text("".join(json.dumps(r) + "\n" for r in rows) + '{"tenant": "b", "arr')  # a half-written line
+    got = per_request_gap({"a": [1.5, 1.0], "b": [0.5, 0.7]}, log)
+    assert got["a"] == {"matched": 2, "median_s": 0.375, "p90_s": 0.475, "max_s": 0.5}  # 2.0-1.5 and 1.25-1.0
+    assert got["b"]["matched"] == 0 and "1 live requests for 2 simulated" in got["b"]["note"]
+
+
+def test_the_simulators_percentiles_are_the_load_generators() -> None:
+    """Both sides' p99 is the nearest-rank sample: of 185 requests the second slowest, not a blend with the third."""
+    values = [0.5] * 182 + [2.2, 2.8, 3.6]  # a bursty tenant's tail: third, second slowest and slowest
+    hist = Histogram()
+    for v in values:
+        hist.record(int(v * 1e9))
+    assert nearest_rank(values, 99) == 2.8
+    assert abs(hist.percentile(99) / 1e9 - 2.8) <= 0.008 * 2.8  # the loadgen's answer, within its bucket
+    assert nearest_rank(values, 50) == 0.5 and nearest_rank([], 99) is None
