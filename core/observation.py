@@ -28,6 +28,7 @@ Percentiles of an empty window are 0 with ``samples`` = 0. An SLO of "none" (inf
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from operator import attrgetter
 
 import numpy as np
 
@@ -59,6 +60,15 @@ class TenantObservation:
 
 
 TENANT_FEATURES = tuple(f.name for f in fields(TenantObservation))
+_tenant_values = attrgetter(*TENANT_FEATURES)  # one C call per tenant instead of 17 getattr calls
+
+
+def vector_from_values(values: list[float]) -> np.ndarray:
+    """The flat float32 vector of the feature values in vector order, clipped to [0, FEATURE_MAX]."""
+    vec = np.array(values, dtype=np.float32)
+    # = np.clip(vec, 0, FEATURE_MAX), NaN included; np.clip's Python-level dispatch cost more than the work
+    np.minimum(np.maximum(vec, 0.0, out=vec), FEATURE_MAX, out=vec)
+    return vec
 
 
 @dataclass(slots=True)
@@ -79,10 +89,8 @@ class Observation:
     def to_vector(self) -> np.ndarray:
         vals = [self.gpu_mem_util, self.engine_running, self.engine_waiting]
         for t in self.tenants:
-            vals.extend(getattr(t, name) for name in TENANT_FEATURES)
-        vec = np.asarray(vals, dtype=np.float32)
-        np.clip(vec, 0.0, FEATURE_MAX, out=vec)
-        return vec
+            vals.extend(_tenant_values(t))
+        return vector_from_values(vals)
 
     @classmethod
     def from_vector(cls, vec: np.ndarray, time_s: float = 0.0, window_s: float = 0.0) -> Observation:

@@ -55,28 +55,40 @@ class TenantWindows:
         """Window features in TenantObservation order, from ``arrivals`` to ``slo_ttft_p99``."""
         cutoff = now - self.horizon_s
         done = self._done
-        while done and done[0][0] <= cutoff:
-            done.popleft()
+        if done and done[0][0] <= cutoff:
+            pop = done.popleft
+            while done and done[0][0] <= cutoff:
+                pop()
             self._cache = None
-        counts = []
-        for q in (self._arrivals, self._drops, self._rejections):
-            while q and q[0] <= cutoff:
-                q.popleft()
-            counts.append(float(len(q)))
-        n = len(done)
+        # the three event deques: prune (usually nothing to drop, and drops/rejections are usually empty)
+        a = self._arrivals
+        while a and a[0] <= cutoff:
+            a.popleft()
+        d = self._drops
+        while d and d[0] <= cutoff:
+            d.popleft()
+        r = self._rejections
+        while r and r[0] <= cutoff:
+            r.popleft()
         pct = self._cache
         if pct is None:  # windows change less often than decisions are made: compute only then
+            n = len(done)
             if n > 1:
                 _, e2e, ttft, wait = zip(*done, strict=True)
-                pct = (*p50_p95_p99(sorted(e2e)), *p50_p95_p99(sorted(ttft)), float(n), p50_p95_p99(sorted(wait))[2])
+                pct = (
+                    *p50_p95_p99(sorted(e2e)),
+                    *p50_p95_p99(sorted(ttft)),
+                    float(n),
+                    p50_p95_p99(sorted(wait))[2],
+                    *self._slo,
+                )
             elif n == 1:
                 _, e, f, w = done[0]
-                pct = (e, e, e, f, f, f, 1.0, w)
+                pct = (e, e, e, f, f, f, 1.0, w, *self._slo)
             else:
-                pct = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0)
-            pct = (*pct, *self._slo)
+                pct = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, *self._slo)
             self._cache = pct
-        return (counts[0], float(n), counts[1], counts[2], *pct)
+        return (float(len(a)), float(len(done)), float(len(d)), float(len(r)), *pct)
 
 
 def build_observation(
@@ -89,12 +101,7 @@ def build_observation(
     engine_waiting: float,
 ) -> Observation:
     tenants = [
-        TenantObservation(
-            float(core.queue_depth(i)),
-            float(core.in_flight(i)),
-            float(core.limit(i)),
-            *w.summary(now),
-        )
+        TenantObservation(float(core.queue_depth(i)), float(core.in_flight(i)), float(core.limit(i)), *w.summary(now))
         for i, w in enumerate(windows)
     ]
     return Observation(
@@ -105,3 +112,21 @@ def build_observation(
         engine_waiting=float(engine_waiting),
         tenants=tenants,
     )
+
+
+def observation_values(
+    now: float,
+    windows: Sequence[TenantWindows],
+    core: AdmissionCore,
+    gpu_mem_util: float,
+    engine_running: float,
+    engine_waiting: float,
+) -> list[float]:
+    """What ``build_observation`` puts into an Observation, as one flat list in vector order
+    (``Observation.from_vector(values, now, window_s)`` is that Observation) — for callers that need the
+    vector at every step and the Observation object rarely (the training env)."""
+    values = [float(gpu_mem_util), float(engine_running), float(engine_waiting)]
+    for i, w in enumerate(windows):
+        values += (float(core.queue_depth(i)), float(core.in_flight(i)), float(core.limit(i)))
+        values += w.summary(now)
+    return values

@@ -40,9 +40,11 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from admit.core.observation import FEATURE_MAX, Observation
+from admit.core.observation import FEATURE_MAX, GLOBAL_FEATURES, TENANT_FEATURES, Observation, vector_from_values
 from admit.envs.scenario import Scenario, load_scenario
 from admit.envs.simulation import Simulation
+
+_E2E_P99 = TENANT_FEATURES.index("e2e_p99")
 
 
 class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
@@ -59,55 +61,78 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         size = Observation.vector_size(self.n)
         self.observation_space = gym.spaces.Box(0.0, FEATURE_MAX, shape=(size,), dtype=np.float32)
         self.sim: Simulation | None = None
-        self.last_observation: Observation | None = None
+        # the last observation as flat values; the Observation object is built only when asked for
+        self._values: list[float] | None = None
+        self._values_time = 0.0
+        self._observation: Observation | None = None
+        self._p99_index = [len(GLOBAL_FEATURES) + i * len(TENANT_FEATURES) + _E2E_P99 for i in range(self.n)]
+
+    @property
+    def last_observation(self) -> Observation | None:
+        """The Observation behind the last vector returned (None before the first reset)."""
+        if self._observation is None and self._values is not None:
+            self._observation = Observation.from_vector(self._values, self._values_time, self.scenario.window_s)
+        return self._observation
+
+    def _observe(self) -> list[float]:
+        assert self.sim is not None
+        values = self.sim.observe_values()
+        self._values, self._values_time, self._observation = values, self.sim.now, None
+        return values
 
     # --------------------------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         episode_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         self.sim = Simulation(self.scenario, episode_seed)
-        obs = self.sim.observe()
-        self.last_observation = obs
-        return obs.to_vector(), {"episode_seed": episode_seed, "limits": self.sim.limits, "time_s": 0.0}
+        info = {"episode_seed": episode_seed, "limits": self.sim.limits, "time_s": 0.0}
+        return vector_from_values(self._observe()), info
 
-    def _deltas(self, action: Any) -> np.ndarray:
+    def _deltas(self, action: Any) -> list[int]:
+        k = self.k
+        # fast path: what a policy or a VecEnv passes (an integer array of the right shape), checked in Python
+        if type(action) is np.ndarray and action.dtype.kind in "iu" and action.shape == (self.n,):
+            vals = action.tolist()
+            if min(vals) >= 0 and max(vals) <= 2 * k:
+                return [v - k for v in vals]
         a = np.asarray(action)
-        allowed = f"an integer array of shape ({self.n},) with values in 0..{2 * self.k} (delta = value − {self.k})"
+        allowed = f"an integer array of shape ({self.n},) with values in 0..{2 * k} (delta = value − {k})"
         if a.shape != (self.n,):
             raise ValueError(f"action has shape {a.shape}; expected {allowed}")
         if not np.issubdtype(a.dtype, np.integer):
             if not np.all(np.isfinite(a)) or not np.all(a == np.round(a)):
                 raise ValueError(f"action {a.tolist()} is not integral; expected {allowed}")
             a = a.astype(np.int64)
-        if a.min() < 0 or a.max() > 2 * self.k:
+        if a.min() < 0 or a.max() > 2 * k:
             raise ValueError(f"action {a.tolist()} is out of range; expected {allowed}")
-        return a.astype(np.int64) - self.k
+        return (a.astype(np.int64) - k).tolist()
 
     def step(self, action: Any):
         if self.sim is None:
             raise RuntimeError("call reset() before step()")
         deltas = self._deltas(action)
         sim = self.sim
+        sc = self.scenario
         before = sim.limits
-        limits = sim.apply_deltas(deltas.tolist())
-        dt = self.scenario.interval_s
-        sim.advance(min(sim.now + dt, self.scenario.horizon_s))
-        totals = sim.take_interval_totals()
-        w = self.scenario.reward
-        completions = sum(t.completed for t in totals)
-        violations = sum(t.slo_violations for t in totals)
-        lost = sum(t.dropped + t.rejected for t in totals)
+        limits = sim.apply_deltas(deltas)
+        dt = sc.interval_s
+        sim.advance(min(sim.now + dt, sc.horizon_s))
+        completions = violations = lost = 0
+        for t in sim.take_interval_totals():
+            completions += t.completed
+            violations += t.slo_violations
+            lost += t.dropped + t.rejected
+        w = sc.reward
         terms = {
             "throughput": w.throughput * completions / dt,
             "slo_violation": -w.slo_violation * violations / dt,
             "drop": -w.drop * lost / dt,
-            "cost": -w.cost * sum(limits) / (self.n * self.scenario.limits.max),
+            "cost": -w.cost * sum(limits) / (self.n * sc.limits.max),
             "change": -w.change * sum(abs(a - b) for a, b in zip(limits, before, strict=True)),
         }
         reward = float(sum(terms.values()))
-        obs = sim.observe()
-        self.last_observation = obs
-        truncated = sim.now >= self.scenario.horizon_s - 1e-9
+        values = self._observe()
+        truncated = sim.now >= sc.horizon_s - 1e-9
         info = {
             "reward_terms": terms,
             "limits": limits,
@@ -115,8 +140,8 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
             "completions": completions,
             "drops": lost,
             "slo_violations": violations,
-            "p99_s": max(t.e2e_p99 for t in obs.tenants),
+            "p99_s": max(values[j] for j in self._p99_index),
         }
         if truncated:
             info["episode_metrics"] = sim.summary()
-        return obs.to_vector(), reward, False, truncated, info
+        return vector_from_values(values), reward, False, truncated, info

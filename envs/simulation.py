@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import numpy as np
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
 from admit.core.observation import Observation
-from admit.core.telemetry import TenantWindows, build_observation
+from admit.core.telemetry import TenantWindows, build_observation, observation_values
 from admit.envs.engine import Engine
 from admit.envs.request import Request
 from admit.envs.scenario import Scenario, SlotEngineConfig
@@ -123,6 +123,14 @@ class Simulation:
         eng.sync(self.now)
         return build_observation(
             self.now, self.spec, self.windows, self.core, eng.memory_utilisation(), eng.num_running, eng.num_waiting
+        )
+
+    def observe_values(self) -> list[float]:
+        """``observe()`` as the flat list of its vector's values (``Observation.from_vector`` rebuilds it)."""
+        eng = self.engine
+        eng.sync(self.now)
+        return observation_values(
+            self.now, self.windows, self.core, eng.memory_utilisation(), eng.num_running, eng.num_waiting
         )
 
     def take_interval_totals(self) -> list[TenantTotals]:
