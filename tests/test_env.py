@@ -114,3 +114,70 @@ def test_vectorised_envs(vec_cls):
         assert info[1]["limits"] == [4, 1]
     finally:
         venv.close()
+
+
+def test_last_observation_is_the_one_behind_the_vector():
+    """The env builds its Observation lazily from the step's values: same object as the simulator's own."""
+    from admit.envs.simulation import Simulation
+
+    env = TenantAdmissionEnv("seed-paper")
+    vec, _ = env.reset(seed=4)
+    sim = Simulation(env.scenario, 4)
+    assert env.last_observation == sim.observe()
+    for a in np.random.default_rng(1).integers(0, 3, size=(40, 2)):
+        vec, _, _, _, info = env.step(a)
+        sim.apply_deltas((a - 1).tolist())
+        sim.advance(sim.now + env.scenario.interval_s)
+        obs = sim.observe()
+        assert env.last_observation == obs
+        assert np.array_equal(vec, obs.to_vector())
+        assert info["p99_s"] == max(t.e2e_p99 for t in obs.tenants)
+
+
+def _seeded(i):
+    from admit.envs.scenario import load_scenario
+    from admit.train.wrappers import MakeEnv
+
+    return MakeEnv(load_scenario("seed-paper"), "multidiscrete", 100 + i, 5)
+
+
+@pytest.mark.parametrize(("workers", "trainer_block"), [(1, True), (2, False), (0, True)])
+def test_block_vec_env_steps_like_dummy_vec_env(workers, trainer_block):
+    """Same observations, rewards, dones, infos (terminal observation included) and reset infos as
+    DummyVecEnv, through one auto-reset of every env; attribute access reaches the right env."""
+    from admit.train.vec import BlockVecEnv
+    from admit.train.wrappers import AlgoAction, EpisodeSeeds
+
+    fns = [_seeded(i) for i in range(5)]
+    block, dummy = BlockVecEnv(fns, workers=workers, trainer_block=trainer_block), DummyVecEnv(fns)
+    try:
+        assert len(block.processes) == workers
+        assert np.array_equal(block.reset(), dummy.reset())
+        assert block.reset_infos == dummy.reset_infos
+        actions = np.random.default_rng(2).integers(0, 3, size=(601, 5, 2))
+        ends = 0
+        for a in actions:
+            got, want = block.step(a), dummy.step(a)
+            for x, y in zip(got[:3], want[:3], strict=True):
+                assert x.dtype == y.dtype and np.array_equal(x, y)
+            for gi, wi in zip(got[3], want[3], strict=True):
+                if "terminal_observation" in wi:
+                    ends += 1
+                    assert np.array_equal(gi.pop("terminal_observation"), wi.pop("terminal_observation"))
+                assert gi == wi
+            assert block.reset_infos == dummy.reset_infos
+        assert ends == 5  # 600 decisions per episode: every env reset once, on its own seed schedule
+        assert block.get_attr("episode") == [2] * 5
+        assert block.env_method("restart", indices=[4, 0]) == [None, None]
+        assert block.get_attr("episode") == [0, 2, 2, 2, 0]
+        block.set_attr("stride", 9, indices=[3])
+        assert block.get_attr("stride", indices=[2, 3]) == [5, 9]
+        assert block.env_is_wrapped(EpisodeSeeds) == [True] * 5
+        assert block.env_is_wrapped(AlgoAction) == [False] * 5
+        for _ in range(2):  # an env's error names its cause (a worker's comes as RuntimeError) and the next too
+            with pytest.raises((ValueError, RuntimeError), match="out of range"):
+                block.step(np.full((5, 2), 7))
+    finally:
+        block.close()
+        dummy.close()
+    assert all(not p.is_alive() for p in block.processes)

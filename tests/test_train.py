@@ -127,7 +127,8 @@ def test_policy_prefix_must_match_the_trained_algorithm(runs: dict[str, Path]) -
         ("hyperparams: {n_stepz: 5}", "hyperparams.n_stepz: unknown key for algo 'ppo'; allowed: learning_rate"),
         ("hyperparams: {gamma: 1.5}", "hyperparams.gamma: Input should be less than or equal to 1"),
         ("n_envs: 0", "n_envs: Input should be greater than or equal to 1"),
-        ("vec_env: threads", "vec_env: Input should be 'dummy' or 'subproc'"),
+        ("vec_env: threads", "vec_env: Input should be 'dummy', 'subproc' or 'block'"),
+        ("vec_workers: -1", "vec_workers: Input should be greater than or equal to 0"),
         ("evaluation: {freq: 5}", "evaluation: unknown key; allowed: algo, scenario"),
         ("eval: {every: 5}", "eval.every: unknown key; allowed: freq, episodes, seed_base"),
         ("algo: dqn\nhyperparams: {n_steps: 8}", "hyperparams.n_steps: unknown key for algo 'dqn'"),
@@ -150,6 +151,24 @@ def test_bad_command_line_values_name_the_option(tmp_path: Path) -> None:
     assert result.exit_code == 2 and "algo: Input should be 'ppo', 'a2c', 'dqn' or 'sac'" in result.output
     result = CliRunner().invoke(app, ["train", "--scenario", "nope", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and "unknown scenario 'nope'" in result.output
+    result = CliRunner().invoke(app, ["train", "--vec-env", "threads", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "vec_env: Input should be 'dummy', 'subproc' or 'block'" in result.output
+    result = CliRunner().invoke(app, ["train", "--set", "hyperparams.n_stepz=5", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "hyperparams.n_stepz: unknown key for algo 'ppo'" in result.output
+    result = CliRunner().invoke(app, ["train", "--set", "n_envs", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and "expected KEY=VALUE" in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_set_overrides_nested_keys_and_keeps_the_rest_of_the_file(tmp_path: Path) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text("n_envs: 8\nhyperparams: {n_steps: 256, batch_size: 256, n_epochs: 7}\neval: {freq: 100}\n")
+    sets = ["hyperparams.n_steps=32", "hyperparams.batch_size=1024", "policy.net_arch=[32, 32]", "vec_env=block"]
+    cfg = load_config(path, sets=sets, n_envs=64)
+    params = cfg.algo_params()
+    assert (params["n_steps"], params["batch_size"], params["n_epochs"]) == (32, 1024, 7)
+    assert cfg.policy.net_arch == [32, 32] and cfg.vec_env == "block" and cfg.vec_workers == 1
+    assert cfg.n_envs == 64 and cfg.eval.freq == 100  # --n-envs wins over the file; untouched keys stay
 
 
 def _params(run: Path) -> dict[str, torch.Tensor]:
@@ -170,6 +189,22 @@ def test_same_seed_same_parameters(tmp_path: Path) -> None:
     norms = [pickle.loads((tmp_path / n / "vecnormalize.pkl").read_bytes()) for n in ("a", "b")]
     assert np.array_equal(norms[0].obs_rms.mean, norms[1].obs_rms.mean)
     assert np.array_equal(norms[0].obs_rms.var, norms[1].obs_rms.var)
+
+
+def test_block_vec_env_trains_the_same_parameters_as_dummy(tmp_path: Path) -> None:
+    """Where an env is stepped (trainer or worker process) changes nothing: same seed, same parameters."""
+    scenario = str(short_scenario(tmp_path))
+    common = {"scenario": scenario, "timesteps": 384, "n_envs": 3, "seed": 4, "eval": {"freq": 0}, "checkpoint_freq": 0}
+    hp = {"hyperparams": {"n_steps": 64, "batch_size": 64, "n_epochs": 2}, "policy": {"net_arch": [16, 16]}}
+    runs = {"dummy": {"vec_env": "dummy"}, "block": {"vec_env": "block", "vec_workers": 1}}
+    for name, vec in runs.items():
+        summary = train(load_config(None, **common, **hp, **vec), tmp_path / name, progress=False)
+        assert summary["vec_env"] == vec["vec_env"] and summary["timesteps"] == 384
+    a, b = _params(tmp_path / "dummy"), _params(tmp_path / "block")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    norms = [pickle.loads((tmp_path / n / "vecnormalize.pkl").read_bytes()) for n in runs]
+    assert np.array_equal(norms[0].obs_rms.var, norms[1].obs_rms.var)
+    assert np.array_equal(norms[0].ret_rms.var, norms[1].ret_rms.var)
 
 
 def test_training_episodes_never_use_evaluation_seeds(tmp_path: Path) -> None:

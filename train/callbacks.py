@@ -18,7 +18,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
@@ -30,10 +29,11 @@ class EpisodeMetricsLogger(BaseCallback):
 
     def _on_training_start(self) -> None:
         n = self.training_env.num_envs
-        self._reward = np.zeros(n)
+        # plain Python lists and arithmetic: this runs for every env at every step, in the trainer process
+        self._reward = [0.0] * n
         self._terms: list[dict[str, float]] = [{} for _ in range(n)]
-        self._limit_sum = np.zeros(n)
-        self._steps = np.zeros(n, dtype=np.int64)
+        self._limit_sum = [0.0] * n
+        self._steps = [0] * n
 
     def _on_step(self) -> bool:
         infos: list[dict[str, Any]] = self.locals["infos"]
@@ -45,7 +45,8 @@ class EpisodeMetricsLogger(BaseCallback):
             for name, value in terms.items():
                 acc[name] = acc.get(name, 0.0) + value
             self._reward[i] += sum(terms.values())
-            self._limit_sum[i] += float(np.mean(info["limits"]))
+            limits = info["limits"]
+            self._limit_sum[i] += sum(limits) / len(limits)
             self._steps[i] += 1
             metrics = info.get("episode_metrics")
             if metrics is not None:

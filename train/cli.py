@@ -16,6 +16,15 @@ def train(
     timesteps: int | None = typer.Option(None, help="env steps to train for (default 100000)"),
     n_envs: int | None = typer.Option(None, "--n-envs", help="parallel envs (default 4)"),
     seed: int | None = typer.Option(None, help="run seed: algorithm and training-workload seeds (default 0)"),
+    vec_env: str | None = typer.Option(
+        None, "--vec-env", help="dummy | subproc | block (default dummy; block: envs stepped in blocks on all cores)"
+    ),
+    vec_workers: int | None = typer.Option(
+        None, "--vec-workers", help="block: worker processes besides the trainer's own block (default 1)"
+    ),
+    sets: list[str] | None = typer.Option(
+        None, "--set", help="override any config key, dotted: --set hyperparams.batch_size=1024 (repeatable)"
+    ),
     config: Path | None = typer.Option(None, help="training config YAML (schema: admit.train.config)"),
     out: Path = typer.Option(..., help="run folder, e.g. runs/NAME/"),
     progress: bool = typer.Option(True, help="show a progress bar"),
@@ -25,7 +34,17 @@ def train(
     from admit.train.config import TrainConfigError, load_config
 
     try:
-        cfg = load_config(config, algo=algo, scenario=scenario, timesteps=timesteps, n_envs=n_envs, seed=seed)
+        cfg = load_config(
+            config,
+            sets=sets,
+            algo=algo,
+            scenario=scenario,
+            timesteps=timesteps,
+            n_envs=n_envs,
+            seed=seed,
+            vec_env=vec_env,
+            vec_workers=vec_workers,
+        )
         from admit.envs.scenario import load_scenario
 
         load_scenario(cfg.scenario)  # fail before importing torch

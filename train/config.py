@@ -1,7 +1,8 @@
 """Training configuration: a typed schema for ``admit train``, loaded from YAML and written back resolved.
 
 Every key has a default, so an empty file is valid; the command line's ``--algo``, ``--scenario``,
-``--timesteps``, ``--n-envs`` and ``--seed`` override the file. ``hyperparams`` holds the chosen
+``--timesteps``, ``--n-envs``, ``--seed``, ``--vec-env``, ``--vec-workers`` and ``--set KEY=VALUE`` (any key,
+dotted for nested ones: ``--set hyperparams.batch_size=1024``) override the file. ``hyperparams`` holds the chosen
 algorithm's constructor arguments and is checked against that algorithm's schema below (PPOParams, ...);
 a bad key or value raises ``TrainConfigError`` naming the key and what is allowed. Example::
 
@@ -10,7 +11,8 @@ a bad key or value raises ``TrainConfigError`` naming the key and what is allowe
     timesteps: 200000
     n_envs: 4
     seed: 0
-    vec_env: dummy
+    vec_env: dummy        # dummy | subproc | block (admit.train.vec: envs in blocks, trainer + vec_workers)
+    vec_workers: 1
     hyperparams: {n_steps: 512, batch_size: 256, n_epochs: 5, learning_rate: 0.0003}
     policy: {net_arch: [64, 64], activation: tanh}
     eval: {freq: 20000, episodes: 4}
@@ -122,7 +124,10 @@ class TrainConfig(_Model):
     timesteps: int = Field(default=100_000, ge=1)
     n_envs: int = Field(default=4, ge=1, le=64)
     seed: int = Field(default=0, ge=0, le=1_000_000)
-    vec_env: Literal["dummy", "subproc"] = "dummy"
+    vec_env: Literal["dummy", "subproc", "block"] = "dummy"
+    vec_workers: int = Field(
+        default=1, ge=0, le=16, description="vec_env block: worker processes besides the trainer's own block"
+    )
     torch_threads: int = Field(default=1, ge=1)
     hyperparams: dict[str, Any] = Field(default_factory=dict, description="checked against HYPERPARAMS[algo]")
     policy: PolicyConfig = PolicyConfig()
@@ -197,8 +202,36 @@ def parse_config(data: object, origin: str = "<dict>") -> TrainConfig:
     return cfg
 
 
-def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
-    """Read a YAML file (or start from defaults) and apply the non-None ``overrides`` (top-level keys)."""
+def apply_sets(data: dict[str, Any], sets: list[str]) -> dict[str, Any]:
+    """Apply ``KEY=VALUE`` overrides (``--set``): KEY a dotted path such as ``hyperparams.batch_size``,
+    VALUE parsed as YAML (``1024``, ``true``, ``[64, 64]``). Returns a new dict; the schema checks the result."""
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in data.items()}
+    for item in sets:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise TrainConfigError(f"--set {item!r}: expected KEY=VALUE, e.g. hyperparams.batch_size=1024")
+        try:
+            value = yaml.safe_load(raw)
+        except yaml.YAMLError as e:
+            raise TrainConfigError(f"--set {item!r}: the value is not valid YAML: {e}") from None
+        *parents, last = key.strip().split(".")
+        node = out
+        for name in parents:
+            child = node.get(name)
+            if child is None:
+                child = node[name] = {}
+            elif not isinstance(child, dict):
+                raise TrainConfigError(f"--set {item!r}: {name} is not a section")
+            else:
+                child = node[name] = dict(child)
+            node = child
+        node[last] = value
+    return out
+
+
+def load_config(path: str | Path | None = None, sets: list[str] | None = None, **overrides: Any) -> TrainConfig:
+    """Read a YAML file (or start from defaults), apply the ``sets`` (``KEY=VALUE``, see ``apply_sets``), then
+    the non-None ``overrides`` (top-level keys)."""
     data: Any = {}
     origin = "<defaults>"
     if path is not None:
@@ -212,6 +245,8 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig
             raise TrainConfigError(f"training config {origin}: not valid YAML: {e}") from None
         if not isinstance(data, dict):
             raise TrainConfigError(f"training config {origin}: expected a mapping, got {type(data).__name__}")
+    if sets:
+        data = apply_sets(data, sets)
     data = {**data, **{k: v for k, v in overrides.items() if v is not None}}
     return parse_config(data, origin)
 

@@ -15,7 +15,10 @@
 Seeds: the algorithm (torch, numpy, action-space sampling) is seeded with ``cfg.seed``; the workload of
 episode j in training env i is drawn from ``1_000_000 + 1000·seed + i + n_envs·j`` and the validation
 episodes from ``eval.seed_base + j`` (admit.train.wrappers), all disjoint from the evaluation seeds 0..19.
-With ``n_envs`` and the machine fixed, the same config gives the same final parameters.
+With ``n_envs`` and the machine fixed, the same config gives the same final parameters — with any
+``vec_env``: ``dummy`` (all envs in the trainer), ``subproc`` (one process per env) or ``block``
+(admit.train.vec.BlockVecEnv: the envs in blocks, one in the trainer and one per ``vec_workers`` process)
+only change where the envs are stepped.
 """
 
 from __future__ import annotations
@@ -30,11 +33,11 @@ import gymnasium as gym
 import torch
 import yaml
 from admit.agents.action_codec import ActionKind
-from admit.envs.env import TenantAdmissionEnv
 from admit.envs.scenario import Scenario, load_scenario
 from admit.train.callbacks import EpisodeMetricsLogger, RichProgress, SaveVecNormalize, SeededEvalCallback
 from admit.train.config import TrainConfig, write_config
-from admit.train.wrappers import AlgoAction, EpisodeSeeds, train_episode_seed_base
+from admit.train.vec import BlockVecEnv
+from admit.train.wrappers import MakeEnv, train_episode_seed_base
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback
@@ -50,23 +53,21 @@ CONFIG_FILE = "config.yaml"
 
 
 def env_factory(scenario: Scenario, kind: ActionKind, seed_base: int, seed_stride: int) -> Callable[[], gym.Env]:
-    """A picklable constructor of one wrapped env (SubprocVecEnv sends it to a worker process)."""
-
-    def make() -> gym.Env:
-        env: gym.Env = TenantAdmissionEnv(scenario)
-        if kind != "multidiscrete":
-            env = AlgoAction(env, kind)
-        return EpisodeSeeds(env, seed_base, seed_stride)
-
-    return make
+    """A picklable constructor of one wrapped env (worker processes rebuild it)."""
+    return MakeEnv(scenario, kind, seed_base, seed_stride)
 
 
 def make_vec_env(cfg: TrainConfig, scenario: Scenario) -> VecNormalize:
     """The training envs: n_envs seeded envs → VecMonitor → VecNormalize (obs and, if set, reward)."""
     kind = ACTION_KIND[cfg.algo]
     fns = [env_factory(scenario, kind, train_episode_seed_base(cfg.seed, i), cfg.n_envs) for i in range(cfg.n_envs)]
-    subproc = cfg.vec_env == "subproc" and cfg.n_envs > 1
-    venv: VecEnv = SubprocVecEnv(fns) if subproc else DummyVecEnv(fns)
+    venv: VecEnv
+    if cfg.vec_env == "block":
+        venv = BlockVecEnv(fns, workers=min(cfg.vec_workers, cfg.n_envs - 1))
+    elif cfg.vec_env == "subproc" and cfg.n_envs > 1:
+        venv = SubprocVecEnv(fns)
+    else:
+        venv = DummyVecEnv(fns)
     n = cfg.normalize
     return VecNormalize(
         VecMonitor(venv), norm_obs=n.obs, norm_reward=n.reward, clip_obs=n.clip_obs, gamma=_gamma(cfg)

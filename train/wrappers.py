@@ -13,11 +13,14 @@ decides, which is what makes the workload reproducible and disjoint.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import gymnasium as gym
 import numpy as np
 from admit.agents.action_codec import ActionKind, action_space, to_env_action
+from admit.envs.env import TenantAdmissionEnv
+from admit.envs.scenario import Scenario
 
 TRAIN_SEED_BASE = 1_000_000
 VALIDATION_SEED_BASE = 500_000
@@ -65,3 +68,20 @@ class EpisodeSeeds(gym.Wrapper):
         s = self.base + self.stride * self.episode
         self.episode += 1
         return self.env.reset(seed=s, options=options)
+
+
+@dataclass(frozen=True)
+class MakeEnv:
+    """A picklable constructor of one training env: the env, ``AlgoAction`` unless ``kind`` is the env's own
+    MultiDiscrete, then ``EpisodeSeeds(base, stride)``. Worker processes rebuild it without torch or SB3."""
+
+    scenario: Scenario
+    kind: ActionKind
+    seed_base: int
+    seed_stride: int = 1
+
+    def __call__(self) -> gym.Env:
+        env: gym.Env = TenantAdmissionEnv(self.scenario)
+        if self.kind != "multidiscrete":
+            env = AlgoAction(env, self.kind)
+        return EpisodeSeeds(env, self.seed_base, self.seed_stride)
