@@ -17,11 +17,14 @@ def gateway(
     backend_key_env: str | None = typer.Option(
         None, help="environment variable holding an API key to send to the backend"
     ),
+    workers: int = typer.Option(
+        1, min=1, help="processes on one port (SO_REUSEPORT); more than 1 needs the 'redis:' section (shared state)"
+    ),
 ) -> None:
     """Run the admission gateway: per-tenant limits, queues, rate envelopes, admin API, /metrics."""
     from admit.gateway.app import Gateway
     from admit.gateway.config import ConfigError, load_config
-    from admit.gateway.server import run
+    from admit.gateway.server import run, run_workers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     try:
@@ -33,4 +36,13 @@ def gateway(
         typer.secho("error: --backend must be an http:// or https:// URL", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
     key = os.environ.get(backend_key_env) if backend_key_env else None
+    if workers > 1:
+        if cfg.redis is None:
+            typer.secho(
+                f"error: --workers {workers} needs a 'redis:' section in the config: the worker processes share "
+                "no memory, so limits, queues' leases and rate envelopes must live in Redis (see docs/gateway.md)",
+                fg=typer.colors.RED, err=True,
+            )
+            raise typer.Exit(2)
+        raise typer.Exit(run_workers(lambda: Gateway(cfg, backend, key), host, port, workers))
     run(Gateway(cfg, backend, key), host, port)
