@@ -173,3 +173,12 @@ def test_interference_backlog_grows_on_a_fast_server_and_holds_on_a_slow_one():
     assert run(RobustController(), backlog_seq(slow=True, wait=16.0))[-1][2] == 4
     c = make_controller("robust-no-interference")
     assert c.name == "robust-no-interference" and c.interference is False
+
+
+def test_on_h200_mixed_the_gate_holds_limits_and_lowers_the_tail():
+    # a tuning seed (evaluation seeds are 0-19): without the gate the backlog growth raises the p99 above static's
+    ev = evaluate("h200-mixed", ["static", "robust", "robust-no-interference"], seeds=1, seed_base=1001).to_json()
+    s, r, n = (ev["policies"][p] for p in ("static", "robust", "robust-no-interference"))
+    assert r["mean_limit"]["mean"] < n["mean_limit"]["mean"]
+    assert r["p99_s"]["mean"] < s["p99_s"]["mean"] < n["p99_s"]["mean"]
+    assert r["dropped"]["mean"] <= s["dropped"]["mean"]
