@@ -153,6 +153,12 @@ def test_service_inflation_reads_slowdown_against_each_tenants_own_baseline():
     assert inf.update(slow) == pytest.approx((150 * 10 + 50 * 2) / 200)
     few = Observation(22.0, 10.0, 0.1, 10.0, 0.0, [tenant(e2e_p50=99.0, samples=3.0), tenant(samples=0.0)])
     assert inf.update(few) == 1.0  # too few completions in the window: no reading
+    bounded = ServiceInflation(1, min_windows=5, history_n=10)
+    for k in range(10):
+        bounded.update(Observation(2.0 * k, 10.0, 0.1, 10.0, 0.0, [tenant(e2e_p50=1.05, ttft_p50=0.05)]))
+    for k in range(10):  # ten windows later the idle ones have left the history: the new level is the baseline
+        bounded.update(Observation(20.0 + 2.0 * k, 10.0, 0.1, 10.0, 0.0, [tenant(e2e_p50=4.05, ttft_p50=0.05)]))
+    assert bounded.baseline(0) == pytest.approx(4.0)
 
 
 def backlog_seq(slow: bool, wait: float) -> list[Observation]:
