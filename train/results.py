@@ -11,7 +11,8 @@ p99 ≤ static, drops ≤ half of static's — each at p < 0.05 where the mean d
 Learned policies join where one was trained for the scenario (agents/pretrained/<algo>-<scenario>, i.e.
 ``ppo:<scenario>``); a scenario without one says so under its table. The LLM policy joins on seed-paper
 when ``ADMIT_LLM_URL`` is set, e.g. under ``scripts/llm_server.sh run admit results ...`` (it makes one call
-every ``ADMIT_LLM_EVERY`` decisions, default 100 here, because a CPU model needs seconds a call); its
+every ``ADMIT_LLM_EVERY`` decisions, default 100 here, with ``ADMIT_LLM_TIMEOUT_S`` default 60 s, because a
+CPU model needs seconds a call); its
 decisions go to docs/results/llm-decisions.jsonl (unless ``ADMIT_LLM_LOG`` names another file) and the
 section reports how many calls it made, how many replies were valid and how long they took.
 """
@@ -36,7 +37,9 @@ from admit.train.report import pareto_plot
 SCENARIOS = ("seed-paper", "h200-mixed", "h200-azure-2023", "servegen-skewed")
 DEFAULT_OUT = Path("docs/RESULTS.md")
 LLM_SCENARIO = "seed-paper"
-LLM_EVERY_DEFAULT = "100"
+# A CPU-served small model needs seconds per call (p95 8 s alone, past 10 s on a loaded machine): ask every
+# 100 decisions and allow 60 s, unless the environment says otherwise.
+LLM_DEFAULTS = {"ADMIT_LLM_EVERY": "100", "ADMIT_LLM_TIMEOUT_S": "60"}
 LLM_LOG_NAME = "llm-decisions.jsonl"
 HAND_POLICIES = (
     "static",
@@ -85,8 +88,9 @@ def llm_settings(res_dir: Path) -> Iterator[Path | None]:
     if not llm_url():
         yield None
         return
-    saved = {k: os.environ.get(k) for k in ("ADMIT_LLM_EVERY", "ADMIT_LLM_LOG")}
-    os.environ.setdefault("ADMIT_LLM_EVERY", LLM_EVERY_DEFAULT)
+    saved = {k: os.environ.get(k) for k in (*LLM_DEFAULTS, "ADMIT_LLM_LOG")}
+    for k, v in LLM_DEFAULTS.items():
+        os.environ.setdefault(k, v)
     log = Path(os.environ.setdefault("ADMIT_LLM_LOG", str(res_dir / LLM_LOG_NAME)))
     log.unlink(missing_ok=True)  # the log is appended to: start it fresh for this run
     try:
@@ -212,9 +216,8 @@ def command(seeds: int, scenarios: list[str], workers: int, out: Path) -> str:
         cmd += f" --out {out}"
     if llm_url() and LLM_SCENARIO in scenarios:
         cmd = "scripts/llm_server.sh run " + cmd
-        every = os.environ.get("ADMIT_LLM_EVERY", LLM_EVERY_DEFAULT)
-        if every != LLM_EVERY_DEFAULT:
-            cmd = f"ADMIT_LLM_EVERY={every} " + cmd
+        changed = [f"{k}={os.environ[k]}" for k, v in LLM_DEFAULTS.items() if os.environ.get(k, v) != v]
+        cmd = " ".join([*changed, cmd])
     return cmd
 
 
@@ -232,8 +235,11 @@ def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log:
         llm_name = ""
         if llm_log is not None and sc == LLM_SCENARIO:
             llm_name = llm_model_name(llm_url() or "")
-            every = os.environ.get("ADMIT_LLM_EVERY", LLM_EVERY_DEFAULT)
-            notes.append(f"The LLM policy asks the model every {every} decisions and holds in between.")
+            every, timeout = os.environ["ADMIT_LLM_EVERY"], os.environ["ADMIT_LLM_TIMEOUT_S"]
+            notes.append(
+                f"The LLM policy asks the model every {every} decisions (timeout {timeout} s) and holds in between; "
+                "a call that fails or times out holds too."
+            )
             notes.append(llm_log_summary(llm_log))
         sections.append(scenario_section(sc, data, f"results/{sc}.png", notes, llm_name))
     return sections, timings
