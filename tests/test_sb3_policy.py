@@ -9,15 +9,20 @@ from pathlib import Path
 import gymnasium as gym
 import numpy as np
 import pytest
+import yaml
 from admit.agents.action_codec import action_space, to_deltas, to_env_action
 from admit.controllers.registry import make_controller
 from admit.envs.env import TenantAdmissionEnv
 from admit.envs.scenario import load_scenario
 from admit.envs.simulation import Simulation
 from admit.train.evaluate import rollout
+from admit.train.results import policies_for
 from admit.train.wrappers import AlgoAction
 
-SHIPPED = Path(__file__).resolve().parents[1] / "agents" / "pretrained" / "ppo-seed-paper"
+PRETRAINED = Path(__file__).resolve().parents[1] / "agents" / "pretrained"
+SHIPPED = PRETRAINED / "ppo-seed-paper"
+# one shipped PPO policy per results scenario that has one (docs/training.md); each must resolve as ppo:<scenario>
+SHIPPED_SCENARIOS = ("seed-paper", "h200-mixed", "h200-azure-2023")
 
 
 # ---------------------------------------------------------------------------------- action codec
@@ -88,6 +93,36 @@ def test_shipped_policy_learned_to_hold_the_limits_near_the_maximum() -> None:
         assert got["mean_limit"] > 3.7
         assert got["throughput_rps"] >= 0.99 * static["throughput_rps"] > naive["throughput_rps"]
         assert got["dropped"] <= static["dropped"] + 5 < naive["dropped"]
+
+
+def test_every_shipped_folder_is_a_small_complete_policy_named_after_its_scenario() -> None:
+    folders = sorted(p.name for p in PRETRAINED.iterdir() if p.is_dir())
+    assert {f"ppo-{s}" for s in SHIPPED_SCENARIOS} <= set(folders)
+    for name in folders:
+        folder = PRETRAINED / name
+        for f in ("model.zip", "vecnormalize.pkl", "config.yaml", "scenario.yaml"):
+            assert (folder / f).is_file(), f"{name}/{f}"
+        assert sum(p.stat().st_size for p in folder.iterdir()) < 300_000, name
+        algo, _, scenario = name.partition("-")
+        trained = yaml.safe_load((folder / "config.yaml").read_text())
+        assert (trained["algo"], trained["scenario"]) == (algo, scenario), name
+
+
+@pytest.mark.parametrize("scenario", SHIPPED_SCENARIOS)
+def test_each_shipped_policy_loads_and_acts_on_its_scenario(scenario: str) -> None:
+    sc = load_scenario(scenario)
+    spec, k = sc.control_spec(), sc.limits.max_step
+    assert f"ppo:{scenario}" in policies_for(scenario)  # admit results puts it into the scenario's table
+    ctrl = make_controller(f"ppo:{scenario}")
+    ctrl.reset(spec, 0)
+    sim = Simulation(sc, 3)
+    for _ in range(40):
+        obs = sim.observe()
+        deltas = ctrl.act(obs)
+        assert deltas == ctrl.act(obs)  # deterministic
+        assert len(deltas) == len(sc.tenants) and all(type(d) is int and -k <= d <= k for d in deltas)
+        sim.apply_deltas(deltas)
+        sim.advance(sim.now + sc.interval_s)
 
 
 # ---------------------------------------------------------------------------------- errors, imports
