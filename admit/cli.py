@@ -91,7 +91,7 @@ def evaluate(
 @app.command()
 def results(
     seeds: int = typer.Option(20, min=2, help="evaluation seeds per scenario"),
-    scenario: list[str] = typer.Option(None, help="scenario (repeat); default: the three in RESULTS.md"),
+    scenario: list[str] = typer.Option(None, help="scenario (repeat); default: the four in RESULTS.md"),
     workers: int = typer.Option(2, min=1, help="worker processes"),
     out: Path = typer.Option(Path("docs/RESULTS.md"), help="the report to write"),
 ) -> None:

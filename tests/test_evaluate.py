@@ -152,3 +152,32 @@ def test_results_report_with_the_llm_policy_on_seed_paper(monkeypatch, tmp_path)
     calls, valid = map(int, re.search(r"(\d+) model calls, (\d+) valid replies", text).groups())
     assert calls == valid == n_requests > 0
     assert (out.parent / "results" / "seed-paper.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def _entry(tput: float, p99: float, drops: float, p_t: float = 1.0, p_p99: float = 1.0, p_d: float = 1.0) -> dict:
+    return {
+        "throughput_rps": {"mean": tput},
+        "p99_s": {"mean": p99},
+        "dropped": {"mean": drops},
+        "p_value_vs_first": {"throughput_rps": p_t, "p99_s": p_p99, "dropped": p_d},
+    }
+
+
+def test_weak_reading_sits_beside_the_strict_verdict_and_is_weaker():
+    from admit.train.results import non_inferior, verdict
+
+    static = _entry(6.158, 38.4, 4.5)
+    # Lower p99 at p < 0.05, a throughput a hair lower and fewer drops, neither significant: the strict
+    # verdict fails on both, the weak reading holds.
+    robust = _entry(6.1578, 35.6, 0.8, p_t=0.49, p_p99=4.8e-4, p_d=0.98)
+    assert verdict(robust, static).startswith("no (throughput") and "drops" in verdict(robust, static)
+    assert non_inferior(robust, static) == "yes"
+    # Significantly lower throughput, a p99 that is lower but not significantly, or more than half of
+    # static's drops each fail the weak reading too.
+    assert non_inferior(_entry(6.0, 35.6, 0.8, p_t=0.01, p_p99=1e-4), static) == "no (throughput)"
+    assert non_inferior(_entry(6.158, 35.6, 0.8, p_p99=0.2), static) == "no (p99)"
+    assert non_inferior(_entry(6.158, 35.6, 3.0, p_p99=1e-4, p_d=0.3), static) == "no (drops)"
+    # Both without drops is fine; a policy that drops where static never does is not.
+    zero = _entry(7.829, 16.0, 0.0)
+    assert non_inferior(_entry(7.829, 15.3, 0.0, p_p99=1e-5), zero) == "yes"
+    assert non_inferior(_entry(7.829, 15.3, 2.0, p_p99=1e-5, p_d=0.2), zero) == "no (drops)"
