@@ -2,14 +2,21 @@
 (and through nginx as a plain reverse proxy), all on 127.0.0.1.
 
 * Overhead: at each rate (constant arrivals, 16-token prompts), the client-measured e2e p50/p99 through
-  the gateway minus direct to the backend, for one-token answers (`short`) and 16-token streams
-  (`stream`). `admit loadgen` sends streamed requests only, so the one-token stream — the smallest
-  answer there is — stands in for the non-streamed case; nothing here measures `"stream": false`.
-* Max req/s: a rising ladder of rates with one-token answers through the gateway and through nginx (one
-  worker process, keep-alive upstream, buffering off, access log off — configured in a temp dir); the
+  the gateway minus direct to the backend, for non-streamed 16-token answers (`plain`: `"stream": false`,
+  timed to the end of the JSON body) and 16-token streams (`stream`).
+* Max req/s: a rising ladder of rates with non-streamed answers through the gateway and through nginx
+  (one worker process, keep-alive upstream, buffering off, access log off — configured in a temp dir); the
   highest rate each proxy carried: achieved ≥ 95% of requested, < 1% errors and e2e p99 ≤ 50 ms (a
   proxy whose queue grows during the stage fails the last). The CPU time of the proxy process (the
-  gateway's one process, nginx's one worker) per completed request is read from /proc.
+  gateway's one process, nginx's one worker) per completed request is read from /proc: it is far less
+  sensitive to the machine's other load than latency is.
+* ``--workers N``: also ``admit gateway --workers N`` (N processes on the port through SO_REUSEPORT, which
+  the gateway allows only with its Redis backend: a ``redis-server`` is started for it) on the max-req/s
+  ladder, as a row of its own; its CPU column sums the N workers and redis-server.
+* ``--baseline REV``: the gateway of another git revision (e.g. the commit before a change) runs beside
+  the current one as ``before`` — in the overhead table and on the ladder — so a before/after comparison
+  is measured in the same run, under the same load. Its code is taken with ``git archive`` into the temp
+  dir and imported from there.
 
 The backend is the project's mock server (loadgen/mockserver.py) with no delays; the gateway has one
 tenant with a limit no run reaches, no request log and no envelopes. The load generator, the proxy and
@@ -18,7 +25,7 @@ printed with them. nginx must be installed (Debian: `apt-get install -y nginx`);
 column is skipped.
 
     python benchmarks/gateway_bench.py --rates 500,1000,2000 --duration 12 --warmup 2 \
-        --max-rates 250,500,750,1000,1500,2000,3000,4000,6000 --max-duration 5
+        --max-rates 250,500,750,1000,1500,2000,3000,4000,6000 --max-duration 5 [--baseline REV] [--workers N]
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ import json
 import os
 import shutil
 import socket
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -37,7 +45,11 @@ import yaml
 from admit.gateway.stack import Stack, poll
 
 KEY = "sk-bench-tenant-key"
-SHAPES = {"short": 1, "stream": 16}
+SHAPES = {"plain": (16, False), "stream": (16, True)}  # output tokens, streamed
+PACKAGES = ("core", "envs", "controllers", "agents", "train", "loadgen", "gateway", "emulator")
+# runs `python -m admit.gateway` with the `admit` package of another directory first on the path
+LAUNCH = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
+          "runpy.run_module('admit.gateway', run_name='__main__', alter_sys=True)")
 
 
 def free_port() -> int:
@@ -76,19 +88,51 @@ http {{
     return conf
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of a process so far (/proc/PID/stat)."""
+def cpu_s(pid: int | list[int]) -> float:
+    """User + system CPU seconds of a process (or the sum over several) so far (/proc/PID/stat)."""
+    if isinstance(pid, list):
+        return sum(cpu_s(p) for p in pid)
     fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def baseline_tree(rev: str, dest: Path) -> Path:
+    """The project's packages at git revision ``rev`` under ``dest``, importable as ``admit``; returns the dir."""
+    root = Path(__file__).resolve().parent.parent
+    src = dest / "src"
+    src.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "admit", *PACKAGES], check=True,
+                             capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
+    pkg = dest / "pkg" / "admit"
+    shutil.copytree(src / "admit", pkg)
+    for name in PACKAGES:
+        (pkg / name).symlink_to(src / name, target_is_directory=True)
+    return pkg.parent
+
+
+def start_gateway(stack: Stack, name: str, backend: str, config: dict[str, Any], code: Path | None,
+                  extra: tuple[str, ...] = ()) -> str:
+    """`admit gateway` of this checkout, or (``code``) of the package directory `baseline_tree` made."""
+    if code is None and not extra:
+        return stack.gateway(backend, config, name)
+    path = stack.workdir / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"admin": {"token_env": "ADMIT_STACK_ADMIN_TOKEN"}, **config}))
+    run = ["-c", LAUNCH, str(code)] if code is not None else ["-m", "admit.gateway"]
+    stack.spawn(name, [*run, "--backend", backend, "--config", str(path), "--host", "127.0.0.1", "--port", "0",
+                       *extra])
+    url = stack.wait_listening(name)
+    poll(lambda: _listening(int(url.rsplit(":", 1)[1])), 30, f"{name} to listen")
+    return url
+
+
 def loadgen(stack: Stack, url: str, tag: str, rate: float, output: int, duration: float,
-            warmup: float = 0.0, proxy: int | None = None) -> dict[str, Any]:
+            warmup: float = 0.0, proxy: int | list[int] | None = None, stream: bool = True) -> dict[str, Any]:
     """One `admit loadgen` stage; with ``proxy`` (a pid) also that process's CPU time per completed request."""
     work = stack.workdir / tag
     work.mkdir(parents=True, exist_ok=True)
     cfg = {"url": url, "api": "completions", "model": "mock", "duration": duration, "seed": 1, "workers": 1,
-           "timeout": 30, "lag_bound_ms": 5, "warmup": warmup,
+           "timeout": 30, "lag_bound_ms": 5, "warmup": warmup, "stream": stream,
            "tenants": [{"name": "t", "rate": rate, "arrival": "constant", "prompt": "16", "output": str(output),
                         "api_key": KEY}]}
     (work / "load.yaml").write_text(yaml.safe_dump(cfg))
@@ -108,7 +152,8 @@ def loadgen(stack: Stack, url: str, tag: str, rate: float, output: int, duration
     return {"rate": rate, "output": output, "p50_ms": lat["p50"], "p99_ms": lat["p99"],
             "achieved_rate": s["load_summary"]["achieved_rate"],
             "achieved_ratio": s["load_summary"]["achieved_ratio"], "completed": s["requests"]["completed"],
-            "error_ratio": errors / max(sent, 1), "valid": s["valid"], "invalid": s["invalid_reasons"],
+            "error_ratio": errors / max(sent, 1), "errors": s["errors"], "valid": s["valid"],
+            "invalid": s["invalid_reasons"],
             "send_lag_p99_ms": s["load_summary"]["send_lag"]["p99"],
             "proxy_cpu_ms_per_request": None if proxy_cpu is None
             else round(1000 * proxy_cpu / max(s["requests"]["completed"], 1), 3)}
@@ -122,6 +167,8 @@ def main() -> None:
     ap.add_argument("--max-rates", default="250,500,750,1000,1500,2000,3000,4000,6000")
     ap.add_argument("--max-duration", type=float, default=5.0)
     ap.add_argument("--max-p99-ms", type=float, default=50.0, help="a carried rate keeps e2e p99 under this")
+    ap.add_argument("--baseline", help="a git revision whose gateway runs beside this one as 'before'")
+    ap.add_argument("--workers", type=int, default=0, help="also a gateway with this many worker processes (Redis)")
     ap.add_argument("--out", type=Path, default=Path("results/gateway_bench.json"))
     args = ap.parse_args()
     rates = [float(x) for x in args.rates.split(",") if x]
@@ -132,11 +179,15 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="admit-gwbench-") as tmp, Stack(Path(tmp)) as stack:
         stack.spawn("mock", ["-m", "admit.loadgen.mockserver", "--host", "127.0.0.1", "--port", "0"])
         mock = stack.wait_listening("mock")
-        gw = stack.gateway(mock, {"telemetry": {"nvml": False, "scrape_interval_s": 60},
-                                  "tenants": [{"name": "t", "api_keys": [KEY], "limit": 100000,
-                                               "max_queue": 100000}]})
-        targets = {"gateway": gw}
-        pids = {"direct": None, "gateway": stack.procs["gateway"].pid}
+        gw_cfg = {"telemetry": {"nvml": False, "scrape_interval_s": 60},
+                  "tenants": [{"name": "t", "api_keys": [KEY], "limit": 100000, "max_queue": 100000}]}
+        proxies = {"direct": mock, "gateway": start_gateway(stack, "gateway", mock, gw_cfg, None)}
+        if args.baseline:
+            code = baseline_tree(args.baseline, Path(tmp) / "baseline")
+            proxies["before"] = start_gateway(stack, "before", mock, gw_cfg, code)
+            result["baseline"] = args.baseline
+        targets = {k: v for k, v in proxies.items() if k != "direct"}
+        pids = {k: stack.procs[k].pid if k != "direct" else None for k in proxies}
         if nginx is not None:
             port = free_port()
             conf = nginx_conf(Path(tmp), port, mock)
@@ -144,29 +195,47 @@ def main() -> None:
             targets["nginx"] = f"http://127.0.0.1:{port}"
             pids["nginx"] = _nginx_worker(Path(tmp) / "nginx.pid")
             poll(lambda: _listening(port), 20, "nginx to listen")
-        for shape, output in SHAPES.items():
+        redis_server = shutil.which("redis-server")
+        if args.workers > 1 and redis_server is not None:
+            rport = free_port()
+            (Path(tmp) / "redis").mkdir()
+            stack.spawn("redis", ["--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                  "--dir", str(Path(tmp) / "redis"), "--daemonize", "no"], program=redis_server)
+            poll(lambda: _listening(rport), 20, "redis-server to listen")
+            label = f"gateway x{args.workers}"
+            wcfg = {**gw_cfg, "redis": {"url": f"redis://127.0.0.1:{rport}/0"}}
+            targets[label] = start_gateway(stack, "workers", mock, wcfg, None, ("--workers", str(args.workers)))
+            pids[label] = [*_children(stack.procs["workers"].pid), stack.procs["redis"].pid]
+        for shape, (output, stream) in SHAPES.items():
             for rate in rates:
-                row = {"shape": shape, "rate": rate}
-                for label, url in (("direct", mock), ("gateway", gw)):
+                row: dict[str, Any] = {"shape": shape, "rate": rate}
+                for label, url in proxies.items():
                     tag = f"{shape}-{rate:g}-{label}"
-                    row[label] = loadgen(stack, url, tag, rate, output, args.duration, args.warmup, pids[label])
-                row["added_p50_ms"] = round(row["gateway"]["p50_ms"] - row["direct"]["p50_ms"], 3)
-                row["added_p99_ms"] = round(row["gateway"]["p99_ms"] - row["direct"]["p99_ms"], 3)
+                    row[label] = loadgen(stack, url, tag, rate, output, args.duration, args.warmup, pids[label],
+                                         stream)
+                direct = row["direct"]
+                for label in proxies:
+                    if label == "direct":
+                        continue
+                    r = row[label]
+                    r["added_p50_ms"] = round(r["p50_ms"] - direct["p50_ms"], 3)
+                    r["added_p99_ms"] = round(r["p99_ms"] - direct["p99_ms"], 3)
+                    print(f"{shape:6s} {rate:6g}/s {label:8s} direct p50 {direct['p50_ms']:.2f} p99 "
+                          f"{direct['p99_ms']:.2f}  via p50 {r['p50_ms']:.2f} p99 {r['p99_ms']:.2f} "
+                          f"(CPU {r['proxy_cpu_ms_per_request']} ms/req)  added p50 {r['added_p50_ms']:+.2f} ms "
+                          f"p99 {r['added_p99_ms']:+.2f} ms  (achieved {r['achieved_ratio']:.3f}, "
+                          f"valid {r['valid']})", flush=True)
                 result["overhead"].append(row)
-                print(f"{shape:6s} {rate:6g}/s  direct p50 {row['direct']['p50_ms']:.2f} p99 "
-                      f"{row['direct']['p99_ms']:.2f}  gateway p50 {row['gateway']['p50_ms']:.2f} p99 "
-                      f"{row['gateway']['p99_ms']:.2f} (CPU {row['gateway']['proxy_cpu_ms_per_request']} ms/req)"
-                      f"  added p50 {row['added_p50_ms']:+.2f} ms p99 "
-                      f"{row['added_p99_ms']:+.2f} ms  (achieved {row['gateway']['achieved_ratio']:.3f}, "
-                      f"valid {row['gateway']['valid']})", flush=True)
         for label, url in targets.items():
             steps = []
             for rate in ladder:
-                r = loadgen(stack, url, f"max-{label}-{rate:g}", rate, 1, args.max_duration, proxy=pids[label])
+                r = loadgen(stack, url, f"max-{label}-{rate:g}", rate, 16, args.max_duration, proxy=pids[label],
+                            stream=False)
                 steps.append(r)
                 ok = carried(r, args.max_p99_ms)
                 print(f"max {label:8s} {rate:6g}/s achieved {r['achieved_rate']:.0f}/s ratio "
-                      f"{r['achieved_ratio']:.3f} errors {r['error_ratio']:.3%} p99 {r['p99_ms']} ms "
+                      f"{r['achieved_ratio']:.3f} errors {r['error_ratio']:.3%} {r['errors'] or ''} "
+                      f"p99 {r['p99_ms']} ms "
                       f"CPU {r['proxy_cpu_ms_per_request']} ms/req "
                       f"valid {r['valid']} {r['invalid']}", flush=True)
                 if not ok:
@@ -192,6 +261,10 @@ def _nginx_worker(pidfile: Path) -> int | None:
     children = Path(f"/proc/{master}/task/{master}/children")
     kids = children.read_text().split() if children.is_file() else []
     return int(kids[0]) if kids else master
+
+
+def _children(pid: int) -> list[int]:
+    return [int(x) for x in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
 def _listening(port: int) -> bool:
