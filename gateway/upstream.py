@@ -304,7 +304,7 @@ class Upstream:
         now = time.monotonic()
         while self._idle:
             conn = self._idle.pop()
-            if conn.closed:
+            if conn.closed or conn.transport is None or conn.transport.is_closing():
                 continue
             if now - conn.idle_since > _IDLE_S:
                 conn.abort()
