@@ -70,6 +70,7 @@ class Record:
     finished: bool = False  # the last byte is being sent: a disconnect now is not the client's fault
     offered: bool = False  # counted as an arrival in the telemetry windows
     left: bool = False  # the client went away and the request's task was cancelled for it
+    logged: bool = False  # its metrics, telemetry and request-log line are written (once, before the last byte)
 
     def line(self) -> dict[str, Any]:
         return {
@@ -279,7 +280,7 @@ class Gateway:
             if charge is not None:
                 self.book.refund(charge, self.clock())
             self.metrics.deferred.inc(name, d.reason)
-            await self._fail(send, rec, HttpError(d.status, d.reason, d.detail or d.reason, d.retry_after_s), False)
+            await self._fail(send, rec, HttpError(d.status, d.reason, d.detail or d.reason, d.retry_after_s))
             return
         except asyncio.CancelledError:
             if charge is not None:
@@ -300,10 +301,10 @@ class Gateway:
             resp = await self.upstream.request("POST", path, raw)
         except NoBackend as exc:
             err = HttpError(503, "no-backend", str(exc), self.cfg.no_backend_retry_after_s)
-            await self._fail(send, rec, err, False)
+            await self._fail(send, rec, err)
             return False
         except BackendTimeout as exc:
-            await self._fail(send, rec, HttpError(504, "backend-timeout", str(exc)), False)
+            await self._fail(send, rec, HttpError(504, "backend-timeout", str(exc)))
             return True
         rec.status = resp.status
         ok = True
@@ -342,12 +343,14 @@ class Gateway:
                 rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
             rec.outcome = "ok" if resp.status < 400 else "backend-status"
             rec.finished = True
+            self._finish(rec, rec.status, rec.outcome)  # logged before the client can have the whole answer
             await send({"type": "http.response.body", "body": last, "more_body": False})
         except BackendBroken as exc:
             ok = False
             rec.outcome = "backend-broken"
             rec.finished = True
             log.warning("backend stream of tenant %s broke: %s", rec.tenant, exc)
+            self._finish(rec, rec.status, rec.outcome)
             await send({"type": "http.response.body", "body": b"", "more_body": False})
         finally:
             if ok and rec.finished:
@@ -367,7 +370,7 @@ class Gateway:
             body = await resp.read()
         except BackendBroken as exc:
             log.warning("backend answer of tenant %s broke: %s", rec.tenant, exc)
-            await self._fail(send, rec, HttpError(502, "backend-broken", "the backend broke off its answer"), False)
+            await self._fail(send, rec, HttpError(502, "backend-broken", "the backend broke off its answer"))
             return False
         rec.ttft_s = self.clock() - rec.t0
         usage = _body_usage(body)
@@ -377,6 +380,7 @@ class Gateway:
             rec.output_tokens = int(usage.get("completion_tokens") or 0)
         rec.outcome = "ok" if resp.status < 400 else "backend-status"
         rec.finished = True
+        self._finish(rec, rec.status, rec.outcome)
         headers.append((b"content-length", b"%d" % len(body)))
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
@@ -410,19 +414,24 @@ class Gateway:
         resp.release()
         headers = [(k, v) for k, v in resp.headers if k not in _HOP]
         headers.append((b"content-length", str(len(body)).encode()))
+        self._finish(rec, resp.status, "ok" if resp.status < 400 else "backend-status")
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
-        self._finish(rec, resp.status, "ok" if resp.status < 400 else "backend-status")
 
     # ----------------------------------------------------------------- endings
-    async def _fail(self, send: Send, rec: Record, err: HttpError, finish: bool = True) -> None:
-        """Answer an error; ``finish=False`` inside a request task, whose caller writes the log line."""
+    async def _fail(self, send: Send, rec: Record, err: HttpError) -> None:
+        """Answer an error, its request-log line written first."""
         rec.status, rec.outcome, rec.finished = err.status, err.reason, True
+        self._finish(rec, err.status, err.reason)
         await send_error(send, err)
-        if finish:
-            self._finish(rec, err.status, err.reason)
 
     def _finish(self, rec: Record, status: int, outcome: str) -> None:
+        """Count a request's end and write its log line — once, and before its last byte is sent, so whoever
+        has the whole answer can already read the line (a request that ends without an answer is logged when
+        its task ends)."""
+        if rec.logged:
+            return
+        rec.logged = True
         rec.status, rec.outcome = status, outcome
         rec.e2e_s = self.clock() - rec.t0
         tenant = rec.tenant or "-"

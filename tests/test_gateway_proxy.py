@@ -100,6 +100,23 @@ def test_request_log_lines_are_complete_and_replayable(gw: GatewayProcess, tmp_p
     assert len(trace.arrivals) >= 2 and (trace.arrivals >= 0).all()
 
 
+def test_log_line_exists_when_the_client_has_the_answer(gw: GatewayProcess) -> None:
+    """No waiting: the line is written before the answer's last byte (streamed, whole, and an error)."""
+    c = client(gw)
+    tag = {"x-admit-step-id": f"now-{time.monotonic_ns()}"}
+    for _ in c.with_options(default_headers=tag).completions.create(model="mock", prompt="a", max_tokens=3,
+                                                                    stream=True):
+        pass
+    assert [x["outcome"] for x in gw.request_log() if x["step_id"] == tag["x-admit-step-id"]] == ["ok"]
+    tag = {"x-admit-step-id": f"now-{time.monotonic_ns()}"}
+    c.with_options(default_headers=tag).completions.create(model="mock", prompt="a", max_tokens=3)
+    assert [x["output_tokens"] for x in gw.request_log() if x["step_id"] == tag["x-admit-step-id"]] == [3]
+    tag = {"x-admit-step-id": f"now-{time.monotonic_ns()}"}
+    with pytest.raises(openai.BadRequestError):
+        c.with_options(default_headers=tag).completions.create(model="mock", prompt="a", max_tokens=-1)
+    assert [x["status"] for x in gw.request_log() if x["step_id"] == tag["x-admit-step-id"]] == [400]
+
+
 async def _read_first_chunk_then_leave(url: str, api_key: str) -> bytes:
     host, port = url.removeprefix("http://").split(":")
     reader, writer = await asyncio.open_connection(host, int(port))
