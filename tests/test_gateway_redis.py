@@ -18,14 +18,6 @@ from redis_helpers import RedisServer
 pytestmark = pytest.mark.timeout(120)
 
 
-@pytest.fixture
-def rs(tmp_path: Path) -> Iterator[RedisServer]:
-    (tmp_path / "redis").mkdir()
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module")
 def mock() -> Iterator[CountingMock]:
     m = CountingMock(itl_ms=25)

@@ -23,14 +23,6 @@ pytestmark = pytest.mark.timeout(180)
 RATE = 0.05  # requests per second: one unit refills every 20 s, so a test sees the burst and little else
 
 
-@pytest.fixture
-def rs(tmp_path: Path) -> Iterator[RedisServer]:
-    (tmp_path / "redis").mkdir()
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.stop()
-
-
 @pytest.fixture(scope="module")
 def mock() -> Iterator[CountingMock]:
     m = CountingMock(itl_ms=25)

@@ -12,24 +12,14 @@ import os
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import aiohttp
-import pytest
 import redis
 import yaml
 from admit.gateway.stack import alive
 from gateway_helpers import ADMIN_TOKEN, CountingMock, _read_listening, key, tenant_cfg, wait_for
 from redis_helpers import RedisServer
-
-
-@pytest.fixture
-def rs(tmp_path: Path) -> Iterator[RedisServer]:
-    (tmp_path / "redis").mkdir()
-    server = RedisServer(tmp_path / "redis")
-    yield server
-    server.stop()
 
 
 def _spawn(tmp: Path, backend: str, cfg: dict, workers: int) -> subprocess.Popen[str]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
@@ -17,13 +15,6 @@ from admit.gateway.redis_scripts import GCRA
 from redis_helpers import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
-
-
-@pytest.fixture
-def rs(tmp_path: Path) -> Iterator[RedisServer]:
-    server = RedisServer(tmp_path)
-    yield server
-    server.stop()
 
 
 def test_a_crashed_replicas_slots_come_back_after_the_lease_ttl(rs: RedisServer) -> None:
