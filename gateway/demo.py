@@ -21,7 +21,7 @@ from typing import Any
 
 import typer
 from admit.gateway.live_run import run_live
-from admit.gateway.stack import Stack, StackError
+from admit.gateway.stack import Stack, cli_exit
 from rich.console import Console
 from rich.table import Table
 
@@ -150,11 +150,5 @@ def demo(
     console = Console()
     if console.width < 110:
         console = Console(width=110)
-    try:
+    with cli_exit():
         run_demo(duration, policy, out, seed, bursty_rps, steady_rps, limit, workdir, console)
-    except (StackError, RuntimeError) as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        typer.secho("interrupted; every process was stopped", fg=typer.colors.YELLOW, err=True)
-        raise typer.Exit(130) from None

@@ -35,7 +35,7 @@ from admit.envs.scenario import Scenario, SlotEngineConfig, load_scenario
 from admit.envs.simulation import Simulation
 from admit.gateway.control import observation_summary
 from admit.gateway.live_run import run_live
-from admit.gateway.stack import Stack, StackError
+from admit.gateway.stack import Stack, cli_exit
 from rich.console import Console
 from rich.table import Table
 
@@ -384,17 +384,10 @@ def sim2live(
     requests = replay_requests(sc, seed)
     loadavg = os.getloadavg()
     runs = []
-    try:
-        with tempfile.TemporaryDirectory(prefix="admit-s2l-") as tmp:
-            for pol in policy:
-                runs.append(run_policy(sc, scenario, requests, pol, seed, workdir or Path(tmp), console, repeat))
-                print_run(runs[-1], console)
-    except (StackError, RuntimeError) as exc:
-        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
-        raise typer.Exit(1) from None
-    except KeyboardInterrupt:
-        typer.secho("interrupted; every process was stopped", fg=typer.colors.YELLOW, err=True)
-        raise typer.Exit(130) from None
+    with cli_exit(), tempfile.TemporaryDirectory(prefix="admit-s2l-") as tmp:
+        for pol in policy:
+            runs.append(run_policy(sc, scenario, requests, pol, seed, workdir or Path(tmp), console, repeat))
+            print_run(runs[-1], console)
     cmd = f"admit sim2live --scenario {scenario} " + " ".join(f"--policy {p}" for p in policy) + f" --seed {seed}"
     cmd += (f" --horizon {horizon:g}" if horizon else "") + (f" --repeat {repeat}" if repeat > 1 else "")
     result = {"command": cmd, "scenario": scenario, "seed": seed, "horizon_s": sc.horizon_s,

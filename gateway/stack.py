@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any
@@ -29,6 +29,22 @@ ADMIN_ENV = "ADMIT_STACK_ADMIN_TOKEN"
 
 class StackError(RuntimeError):
     """A part did not start, or ended badly."""
+
+
+@contextlib.contextmanager
+def cli_exit() -> Iterator[None]:
+    """Around a command that runs a Stack: a start or run that fails is one red line and exit status 1,
+    Ctrl-C is exit status 130 (the Stack has stopped every process it started by then)."""
+    import typer
+
+    try:
+        yield
+    except RuntimeError as exc:  # StackError included
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    except KeyboardInterrupt:
+        typer.secho("interrupted; every process was stopped", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130) from None
 
 
 def poll(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.05) -> Any:
