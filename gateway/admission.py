@@ -102,6 +102,15 @@ class TenantSlots:
     def _held(self, tenant: int, seconds: float) -> None:
         self.hold_s[tenant] += _EMA * (seconds - self.hold_s[tenant])
 
+    def _first_release(self, lease: Lease, now: float) -> bool:
+        """Mark a lease released and count its hold time; False when it was released already (a second
+        release of the same lease must free nothing)."""
+        if lease.released:
+            return False
+        lease.released = True
+        self._held(lease.tenant, now - lease.granted_at)
+        return True
+
     def _queue_len(self, tenant: int) -> int:
         raise NotImplementedError
 

@@ -69,12 +69,9 @@ class LocalAdmission(TenantSlots):
         return Lease(tenant, self._loop.time(), waited)
 
     def release(self, lease: Lease) -> None:
-        if lease.released:
+        if not self._first_release(lease, self._loop.time()):
             return
-        lease.released = True
-        t = lease.tenant
-        self._held(t, self._loop.time() - lease.granted_at)
-        self._free_slot(t)
+        self._free_slot(lease.tenant)
         if self.capacity is not None and not self._rebalancing:
             self._rebalance()
         if self.core.next_deadline() == -math.inf:

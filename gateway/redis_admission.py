@@ -246,11 +246,9 @@ class RedisAdmission(TenantSlots):
             self._spawn(self._release_remote(t, lid))
 
     def release(self, lease: Lease) -> None:
-        if lease.released:
+        if not self._first_release(lease, self._loop.time()):
             return
-        lease.released = True
         t = lease.tenant
-        self._held(t, self._loop.time() - lease.granted_at)
         self.local[t] -= 1
         lid = getattr(lease, "id", "")
         if self.live.pop(lid, None) is None:
