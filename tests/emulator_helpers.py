@@ -70,6 +70,9 @@ class Emulator:
             self.proc.wait(timeout=10)
         except subprocess.TimeoutExpired:
             self.proc.kill()
+            self.proc.wait(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
 
 def start_emulator(*args: str, wait_ready: bool = True) -> Emulator:
@@ -78,19 +81,21 @@ def start_emulator(*args: str, wait_ready: bool = True) -> Emulator:
         [sys.executable, "-m", "admit.emulator", "--port", "0", *args], stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + 30
     url = None
-    while time.monotonic() < deadline and url is None:
-        if sel.select(timeout=0.1):
-            line = proc.stdout.readline()
-            if line.startswith("listening on "):
-                url = "http://" + line.split()[-1]
-        if proc.poll() is not None:
-            break
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline and url is None:
+            if sel.select(timeout=0.1):
+                line = proc.stdout.readline()
+                if line.startswith("listening on "):
+                    url = "http://" + line.split()[-1]
+            if proc.poll() is not None:
+                break
     if url is None:
         proc.kill()
+        proc.wait(5)
+        proc.stdout.close()
         raise RuntimeError("the emulator did not start")
     emu = Emulator(proc, url)
     if wait_ready:

@@ -168,16 +168,16 @@ class CountingMock:
 
 def _read_listening(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
     assert proc.stdout is not None
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if sel.select(timeout=0.1):
-            line = proc.stdout.readline()
-            if line.startswith("listening on "):
-                return "http://" + line.split()[-1]
-            if not line and proc.poll() is not None:
-                break
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if sel.select(timeout=0.1):
+                line = proc.stdout.readline()
+                if line.startswith("listening on "):
+                    return "http://" + line.split()[-1]
+                if not line and proc.poll() is not None:
+                    break
     proc.kill()
     raise RuntimeError(f"{what} did not start")
 
@@ -213,6 +213,8 @@ class MockProcess:
     def kill(self) -> None:
         self.proc.kill()
         self.proc.wait(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
 
     def restart(self) -> None:
         self.proc = self._start(self.port)
@@ -285,6 +287,8 @@ class GatewayProcess:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait(5)
+        if self.proc.stdout is not None:
+            self.proc.stdout.close()
         self._stderr.close()
 
 

@@ -97,4 +97,7 @@ def test_two_workers_share_one_limit_and_stop_together(tmp_path: Path, rs: Redis
         if proc.poll() is None:
             proc.kill()
             proc.wait(10)
+        for pipe in (proc.stdout, proc.stderr):
+            if pipe is not None:
+                pipe.close()
         mock.stop()
