@@ -17,27 +17,48 @@ iff ``new_tat - tau <= now``. All buckets of a request are checked before any is
 deferral spends nothing. A bucket key expires (a second after) its bucket is full again. Rate and burst come
 from the caller (every replica holds the same envelope configs, kept in one hash: SET_ENVELOPE). Numbers
 come back as strings: Redis truncates Lua numbers to integers.
+
+**Both at once.** A request with rate envelopes needs a charge and then a lease; ``CHARGE_ACQUIRE`` does the
+two in one script (one round trip, the gateway's fast path): the charge first, the lease only if the charge
+was granted. It is built from the same Lua functions as ``GCRA`` and ``ACQUIRE`` (``_GCRA_FN``,
+``_ACQUIRE_FN``), so each algorithm is written once.
 """
 
 from __future__ import annotations
 
-# KEYS: leases zset, limits hash. ARGV: tenant, lease id, ttl ms, limit to seed when none is stored.
-# Returns {granted 0|1, holders after the decision, limit, expired leases dropped}.
-ACQUIRE = """
+# The scripts below are put together from these pieces, so that each algorithm is written once: CHARGE_ACQUIRE
+# runs the same GCRA and lease code as GCRA and ACQUIRE do on their own.
+
+# Server time, read once per script: ``now_ms`` for leases, ``now_us`` for GCRA TATs.
+_CLOCK = """
 local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local dropped = redis.call('ZREMRANGEBYSCORE', KEYS[1], '-inf', now)
-local limit = tonumber(redis.call('HGET', KEYS[2], ARGV[1]))
-if limit == nil then
-  limit = tonumber(ARGV[4])
-  redis.call('HSET', KEYS[2], ARGV[1], limit)
+local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
+local now_us = tonumber(t[1]) * 1e6 + tonumber(t[2])
+"""
+
+# acquire(leases zset, limits hash, tenant, lease id, ttl ms, limit to seed when none is stored, now ms)
+# returns {granted 0|1, holders after the decision, limit, expired leases dropped}.
+_ACQUIRE_FN = """
+local function acquire(zset, limits, tenant, lid, ttl, seed, now)
+  local dropped = redis.call('ZREMRANGEBYSCORE', zset, '-inf', now)
+  local limit = tonumber(redis.call('HGET', limits, tenant))
+  if limit == nil then
+    limit = tonumber(seed)
+    redis.call('HSET', limits, tenant, limit)
+  end
+  local n = redis.call('ZCARD', zset)
+  if n < limit then
+    redis.call('ZADD', zset, now + tonumber(ttl), lid)
+    return {1, n + 1, limit, dropped}
+  end
+  return {0, n, limit, dropped}
 end
-local n = redis.call('ZCARD', KEYS[1])
-if n < limit then
-  redis.call('ZADD', KEYS[1], now + tonumber(ARGV[3]), ARGV[2])
-  return {1, n + 1, limit, dropped}
-end
-return {0, n, limit, dropped}
+"""
+
+# KEYS: leases zset, limits hash. ARGV: tenant, lease id, ttl ms, limit to seed when none is stored.
+# Returns acquire()'s answer.
+ACQUIRE = _CLOCK + _ACQUIRE_FN + """
+return acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], now_ms)
 """
 
 # KEYS: leases zset. ARGV: lease id. Returns 1 when the lease was held, 0 when it was gone already.
@@ -80,60 +101,82 @@ end
 return out
 """
 
-# KEYS: n bucket keys, then one backoff key per envelope involved. ARGV: mode ("spend" | "peek" | "refund" |
-# "read"), n, then rate, burst, qty per bucket. "spend" charges every bucket or none; when it defers, every
-# backoff key is pushed to now + the wait (never earlier than it was). "read" charges nothing and ignores qty.
+# gcra(keys, argv, now us) with keys: n bucket keys, then one backoff key per envelope involved; argv: mode
+# ("spend" | "peek" | "refund" | "read"), n, then rate, burst, qty per bucket. "spend" charges every bucket or
+# none; when it defers, every backoff key is pushed to now + the wait (never earlier than it was). "read"
+# charges nothing and ignores qty.
 # Returns {allowed 0|1, index of the bucket that defers (1-based, 0 if none), retry after s,
 #          per bucket: seconds its TAT is ahead of now (the debt; remaining = burst - ahead * rate),
 #          per backoff key: seconds of backoff left}.
-GCRA = """
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1e6 + tonumber(t[2])
-local mode = ARGV[1]
-local n = tonumber(ARGV[2])
-local tats = {}
-local new = {}
-local worst, worst_i = -1, 0
-for i = 1, n do
-  local rate = tonumber(ARGV[3 * i])
-  local burst = tonumber(ARGV[3 * i + 1])
-  local qty = tonumber(ARGV[3 * i + 2])
-  local v = redis.call('GET', KEYS[i])
-  local tat = v and tonumber(v) or now
-  tats[i] = tat
-  local T = 1e6 / rate
-  if mode == 'refund' then
-    new[i] = math.max(now, tat - qty * T)
-  elseif mode ~= 'read' then
-    local tau = math.max(T * burst, qty * T)
-    new[i] = math.max(tat, now) + qty * T
-    local allow_at = new[i] - tau
-    if allow_at > now and allow_at - now > worst then
-      worst, worst_i = allow_at - now, i
+_GCRA_FN = """
+local function gcra(keys, argv, now)
+  local mode = argv[1]
+  local n = tonumber(argv[2])
+  local tats = {}
+  local new = {}
+  local worst, worst_i = -1, 0
+  for i = 1, n do
+    local rate = tonumber(argv[3 * i])
+    local burst = tonumber(argv[3 * i + 1])
+    local qty = tonumber(argv[3 * i + 2])
+    local v = redis.call('GET', keys[i])
+    local tat = v and tonumber(v) or now
+    tats[i] = tat
+    local T = 1e6 / rate
+    if mode == 'refund' then
+      new[i] = math.max(now, tat - qty * T)
+    elseif mode ~= 'read' then
+      local tau = math.max(T * burst, qty * T)
+      new[i] = math.max(tat, now) + qty * T
+      local allow_at = new[i] - tau
+      if allow_at > now and allow_at - now > worst then
+        worst, worst_i = allow_at - now, i
+      end
     end
   end
-end
-local allowed = worst < 0 and 1 or 0
-local write = (allowed == 1 and mode == 'spend') or mode == 'refund'
-local out = {allowed, worst_i, string.format('%.6f', math.max(worst, 0) / 1e6)}
-for i = 1, n do
-  local tat = tats[i]
-  if write then
-    tat = new[i]
-    redis.call('SET', KEYS[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+  local allowed = worst < 0 and 1 or 0
+  local write = (allowed == 1 and mode == 'spend') or mode == 'refund'
+  local out = {allowed, worst_i, string.format('%.6f', math.max(worst, 0) / 1e6)}
+  for i = 1, n do
+    local tat = tats[i]
+    if write then
+      tat = new[i]
+      redis.call('SET', keys[i], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
+    end
+    out[#out + 1] = string.format('%.6f', math.max(0, tat - now) / 1e6)
   end
-  out[#out + 1] = string.format('%.6f', math.max(0, tat - now) / 1e6)
-end
-for i = n + 1, #KEYS do
-  local v = redis.call('GET', KEYS[i])
-  local until_ = v and tonumber(v) or 0
-  if mode == 'spend' and allowed == 0 and now + worst > until_ then
-    until_ = now + worst
-    redis.call('SET', KEYS[i], string.format('%.3f', until_), 'PX', math.ceil(worst / 1000) + 1)
+  for i = n + 1, #keys do
+    local v = redis.call('GET', keys[i])
+    local until_ = v and tonumber(v) or 0
+    if mode == 'spend' and allowed == 0 and now + worst > until_ then
+      until_ = now + worst
+      redis.call('SET', keys[i], string.format('%.3f', until_), 'PX', math.ceil(worst / 1000) + 1)
+    end
+    out[#out + 1] = string.format('%.6f', math.max(0, until_ - now) / 1e6)
   end
-  out[#out + 1] = string.format('%.6f', math.max(0, until_ - now) / 1e6)
+  return out
 end
-return out
+"""
+
+# KEYS and ARGV: gcra()'s keys and argv. Returns gcra()'s answer.
+GCRA = _CLOCK + _GCRA_FN + """
+return gcra(KEYS, ARGV, now_us)
+"""
+
+# The fast path of a request with rate envelopes, one round trip instead of two: charge the envelopes
+# (gcra() "spend") and, only when the charge is granted, try the lease (acquire()), on one reading of the
+# server clock. An envelope that defers takes no lease, as when the scripts ran one after the other.
+# KEYS: leases zset, limits hash, then gcra()'s keys. ARGV: ACQUIRE's four, then gcra()'s argv.
+# Returns {gcra()'s answer, acquire()'s answer or {} when the charge deferred}.
+CHARGE_ACQUIRE = _CLOCK + _ACQUIRE_FN + _GCRA_FN + """
+local gkeys, gargv = {}, {}
+for i = 3, #KEYS do gkeys[#gkeys + 1] = KEYS[i] end
+for i = 5, #ARGV do gargv[#gargv + 1] = ARGV[i] end
+local charged = gcra(gkeys, gargv, now_us)
+if charged[1] ~= 1 then
+  return {charged, {}}
+end
+return {charged, acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], now_ms)}
 """
 
 # KEYS: envelope config hash, requests bucket, tokens bucket, backoff key. ARGV: field (tenant/target), the
