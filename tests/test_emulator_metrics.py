@@ -119,20 +119,27 @@ def test_running_plus_waiting_equals_requests_in_the_engine(emu: Emulator) -> No
             s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s" % (len(body), body))
             socks.append(s)
         emu.wait_for(lambda: emu.json("GET", "/debug/requests")[1]["in_engine"] == 5, what="5 requests in the engine")
-        running = emu.value("vllm:num_requests_running")
-        waiting = emu.value("vllm:num_requests_waiting")
+        m = emu.metrics()  # one scrape: every gauge below describes the same instant
+        running, waiting = m["vllm:num_requests_running"][0].value, m["vllm:num_requests_waiting"][0].value
         assert running + waiting == 5
         # the first arrival started a step that cannot end while paused (others read in the same loop turn
         # may have joined it); the rest wait for its end
         assert running >= 1
-        assert emu.value("vllm:kv_cache_usage_perc") > 0
+        assert m["vllm:kv_cache_usage_perc"][0].value > 0
     finally:
         emu.json("POST", "/admin/faults", {"paused": False})
         for s in socks:
             s.close()
-    emu.wait_for(lambda: emu.value("vllm:num_requests_running") + emu.value("vllm:num_requests_waiting") == 0,
-                 what="the aborted streams to leave the engine")  # fmt: skip
-    assert emu.value("vllm:kv_cache_usage_perc") == 0
+    # Running and waiting from one scrape: two scrapes could straddle a waiting request's move to running
+    # (waiting read after the move, running before it) and see an empty engine that is not.
+    last: dict = {}
+
+    def empty() -> bool:
+        last.update(emu.metrics())
+        return last["vllm:num_requests_running"][0].value + last["vllm:num_requests_waiting"][0].value == 0
+
+    emu.wait_for(empty, 20, what="the aborted streams to leave the engine")
+    assert last["vllm:kv_cache_usage_perc"][0].value == 0  # the same scrape: nothing left, no KV held
 
 
 # ---------------------------------------------------------------------------------------------- preemption
