@@ -81,7 +81,7 @@ def start_emulator(*args: str, wait_ready: bool = True) -> Emulator:
         [sys.executable, "-m", "admit.emulator", "--port", "0", *args], stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60  # generous: it only bounds a process that never starts
     url = None
     with selectors.DefaultSelector() as sel:
         sel.register(proc.stdout, selectors.EVENT_READ)
@@ -99,5 +99,5 @@ def start_emulator(*args: str, wait_ready: bool = True) -> Emulator:
         raise RuntimeError("the emulator did not start")
     emu = Emulator(proc, url)
     if wait_ready:
-        emu.wait_for(lambda: emu.request("GET", "/health")[0] == 200, 20.0, "/health to answer 200")
+        emu.wait_for(lambda: emu.request("GET", "/health")[0] == 200, 30.0, "/health to answer 200")
     return emu

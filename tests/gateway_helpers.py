@@ -5,7 +5,12 @@
   check a limit where it matters, at the backend.
 * `MockProcess` runs the same mock server as a child process that a test can kill and restart.
 * `GatewayProcess` runs ``python -m admit.gateway --port 0`` on a config written for the test and waits
-  until ``/health`` answers (polling with a deadline, never a fixed sleep).
+  until ``/health`` answers (polling with a deadline, never a fixed sleep). With ``wait=False`` it only
+  starts the process, so that a test can start several and then wait for each (`ready`): they start side
+  by side, which on a loaded machine is many seconds each.
+
+The start-up deadlines are generous (a minute): they only bound a process that never starts, and a loaded
+2-core machine can take tens of seconds to import and start one.
 """
 
 from __future__ import annotations
@@ -206,7 +211,7 @@ class MockProcess:
             [sys.executable, "-m", "admit.loadgen.mockserver", "--port", str(port), *self.args],
             stdout=subprocess.PIPE, text=True,
         )
-        self.url = _read_listening(proc, 20, "mock server")
+        self.url = _read_listening(proc, 60, "mock server")
         self.port = int(self.url.rsplit(":", 1)[1])
         return proc
 
@@ -225,7 +230,7 @@ class MockProcess:
 
 
 class GatewayProcess:
-    def __init__(self, tmp: Path, backend: str, config: dict[str, Any]) -> None:
+    def __init__(self, tmp: Path, backend: str, config: dict[str, Any], wait: bool = True) -> None:
         cfg = {"admin": {"token_env": "ADMIT_TEST_ADMIN_TOKEN"}, "request_log": str(tmp / "requests.jsonl"),
                "audit_log": str(tmp / "audit.jsonl"), **config}
         self.request_log_path = Path(cfg["request_log"])
@@ -239,8 +244,16 @@ class GatewayProcess:
             [sys.executable, "-m", "admit.gateway", "--backend", backend, "--config", str(path), "--port", "0"],
             stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,
         )
-        self.url = _read_listening(self.proc, 30, "gateway")
-        wait_for(lambda: self._healthy(), 20, "gateway /health")
+        self.url = ""
+        if wait:
+            self.ready()
+
+    def ready(self) -> GatewayProcess:
+        """Wait until the gateway listens and ``/health`` answers."""
+        if not self.url:
+            self.url = _read_listening(self.proc, 60, "gateway")
+        wait_for(lambda: self._healthy(), 30, "gateway /health")
+        return self
 
     def _healthy(self) -> bool:
         try:
@@ -273,7 +286,8 @@ class GatewayProcess:
     def audit_log(self) -> list[dict[str, Any]]:
         if not self.audit_log_path.exists():
             return []
-        return [json.loads(x) for x in self.audit_log_path.read_text().splitlines() if x.strip()]
+        # only complete lines, as for the request log
+        return [json.loads(x) for x in self.audit_log_path.read_text().split("\n")[:-1] if x.strip()]
 
     def stderr(self) -> str:
         self._stderr.flush()

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 from gateway_helpers import ADMIN_TOKEN, CountingMock, GatewayProcess, http, key, tenant_cfg, wait_for
 
-pytestmark = pytest.mark.timeout(60)
+# generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
+pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")

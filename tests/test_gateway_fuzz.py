@@ -17,7 +17,8 @@ from gateway_helpers import ADMIN_TOKEN, CountingMock, GatewayProcess, key, tena
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-pytestmark = pytest.mark.timeout(120)
+# generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
+pytestmark = pytest.mark.timeout(300)
 FUZZ = settings(max_examples=500, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

@@ -15,7 +15,8 @@ import redis
 from gateway_helpers import CountingMock, GatewayProcess, key, tenant_cfg, wait_for
 from redis_helpers import RedisServer
 
-pytestmark = pytest.mark.timeout(120)
+# generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(scope="module")
@@ -38,11 +39,12 @@ async def burst(urls: list[str], n: int, tokens: int) -> list[tuple[int, str | N
         return await asyncio.gather(*(one(s, urls[i % len(urls)], "a", tokens) for i in range(n)))
 
 
-def gateway(tmp: Path, mock: CountingMock, rs: RedisServer, mode: str, limit: int = 2) -> GatewayProcess:
+def gateway(tmp: Path, mock: CountingMock, rs: RedisServer, mode: str, limit: int = 2,
+            wait: bool = True) -> GatewayProcess:
     tmp.mkdir()
     cfg = {"redis": {"url": rs.url, "failure_mode": mode, "lease_ttl_s": 30, "poll_s": 0.05, "timeout_s": 1},
            "tenants": [tenant_cfg("a", limit=limit, max_queue=50, queue_ttl_s=60)]}
-    return GatewayProcess(tmp, mock.url, cfg)
+    return GatewayProcess(tmp, mock.url, cfg, wait=wait)
 
 
 def leases(rs: RedisServer) -> int:
@@ -51,9 +53,13 @@ def leases(rs: RedisServer) -> int:
 
 
 def test_two_replicas_never_pass_the_limit_together(tmp_path: Path, mock: CountingMock, rs: RedisServer) -> None:
-    g1 = gateway(tmp_path / "g1", mock, rs, "closed", limit=3)
-    g2 = gateway(tmp_path / "g2", mock, rs, "closed", limit=3)
+    # both started before waiting for either: side by side, not one after the other (each takes many seconds
+    # on a loaded machine; one after the other they once took this test past its time limit)
+    g1 = gateway(tmp_path / "g1", mock, rs, "closed", limit=3, wait=False)
+    g2 = gateway(tmp_path / "g2", mock, rs, "closed", limit=3, wait=False)
     try:
+        g1.ready()
+        g2.ready()
         wait_for(lambda: mock.counter.now == 0, what="an idle backend")
         mock.counter.reset_max()
         answers = asyncio.run(burst([g1.url, g2.url], 14, 12))

@@ -32,7 +32,7 @@ def start_mock(ttft_ms: float = 0.0, itl_ms: float = 0.0, retry_after: float = 0
     )
     sel = selectors.DefaultSelector()
     sel.register(proc.stdout, selectors.EVENT_READ)
-    deadline = time.monotonic() + 20
+    deadline = time.monotonic() + 60  # generous: it only bounds a process that never starts
     while time.monotonic() < deadline:
         if sel.select(timeout=0.1):
             line = proc.stdout.readline()
