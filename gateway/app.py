@@ -6,7 +6,8 @@ API under ``/admin/`` (see `admin.py`).
 
 A completion request goes: identify the tenant (401) → read the body within ``max_body_bytes`` (413) →
 validate it (400) → charge the rate envelopes (429 ``envelope-empty``) → take a concurrency lease, maybe
-after waiting in the tenant's queue (429 ``queue-full`` / ``ttl-expired``) → forward (503 ``no-backend``
+after waiting in the tenant's queue (429 ``queue-full`` / ``ttl-expired``; with Redis the charge and the
+first try for the lease are one script, one round trip) → forward (503 ``no-backend``
 when nothing answers) → stream the answer back. A task watches the client connection meanwhile; if the
 client goes away the request task is cancelled, which gives the lease back (or leaves the queue) and closes
 the upstream connection, so the backend stops working for nobody. Every request ends with one request-log
@@ -26,7 +27,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from admit.gateway.admin import AdminApi
-from admit.gateway.admission import ENVELOPE_EMPTY, AdmissionBackend, Deferred
+from admit.gateway.admission import ENVELOPE_EMPTY, AdmissionBackend, Deferred, Lease
 from admit.gateway.asgi import HttpError, Receive, Scope, Send, bearer, header, read_body, send_error, send_json
 from admit.gateway.body import BadBody, RequestInfo, parse_request
 from admit.gateway.config import GatewayConfig
@@ -38,6 +39,7 @@ from admit.gateway.telemetry import LiveTelemetry
 from admit.gateway.upstream import BackendBroken, BackendTimeout, NoBackend, Response, Upstream
 
 if TYPE_CHECKING:
+    from admit.gateway.redis_admission import RedisAdmission
     from admit.gateway.redis_envelopes import SharedEnvelopeBook
 
 log = logging.getLogger("admit.gateway")
@@ -113,6 +115,7 @@ class Gateway:
         self.clock = time.monotonic
         self.book = EnvelopeBook(on_alert=self._on_alert)
         self.shared_book: SharedEnvelopeBook | None = None
+        self.shared_admission: RedisAdmission | None = None  # the admission backend, when it is Redis
         if cfg.redis is not None:  # the envelopes' budget is one for all replicas, kept in Redis
             from admit.gateway.redis_envelopes import SharedEnvelopeBook
 
@@ -146,7 +149,7 @@ class Gateway:
             assert self.shared_book is not None
             await self.shared_book.attach(shared)
             self.metrics.registry.register(RedisCollector(shared))
-            self._admission = shared
+            self._admission = self.shared_admission = shared
         if self._admission is None:
             self._admission = LocalAdmission(self.cfg.tenants, self.cfg.capacity)
         self._loop = asyncio.get_running_loop()
@@ -268,14 +271,21 @@ class Gateway:
         name = self.names[tenant]
         charge: Charge | None = None
         try:
-            shared = self.shared_book
-            got = (self.book.charge(name, info.model, info.cost_tokens, self.clock()) if shared is None
-                   else await shared.charge_shared(name, info.model, info.cost_tokens))
+            lease: Lease | None = None
+            asked = False
+            if self.shared_book is None:
+                got = self.book.charge(name, info.model, info.cost_tokens, self.clock())
+            else:  # with Redis, one script charges the envelopes and, if they allow it, takes the lease
+                got, lease, asked = await self.shared_book.charge_and_acquire(tenant, info.model, info.cost_tokens)
             if isinstance(got, Deferral):
                 why = f"rate envelope '{got.target}' has no {got.unit} left"
                 raise Deferred(ENVELOPE_EMPTY, got.retry_after_s, why)
             charge = got
-            lease = await self.admission.acquire(tenant)
+            if asked:  # that script found no free slot: wait in the queue without asking Redis again
+                assert self.shared_admission is not None
+                lease = await self.shared_admission.acquire(tenant, asked=True)
+            elif lease is None:
+                lease = await self.admission.acquire(tenant)
         except Deferred as d:
             if charge is not None:
                 self.book.refund(charge, self.clock())

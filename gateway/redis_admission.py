@@ -6,7 +6,9 @@ its up/down state: they are refreshed with the leases and written back before it
 Every admitted request holds a *lease* in Redis (gateway/redis_scripts.py): a member of its tenant's sorted
 set whose score is an expiry in server time. Taking one is a single Lua script that drops expired leases,
 reads the tenant's shared limit and adds the lease only below it, so the replicas together never pass the
-limit. A replica renews the leases of its running requests every ``lease_ttl_s / 3``; a replica that
+limit. A request with rate envelopes takes its first try in the same script as its envelope charge
+(``CHARGE_ACQUIRE``, gateway/redis_envelopes.py ``charge_and_acquire``): one round trip, not two.
+A replica renews the leases of its running requests every ``lease_ttl_s / 3``; a replica that
 crashes stops renewing and its slots come back ``lease_ttl_s`` later.
 
 **Queueing** is per replica: each replica keeps the tenant's FIFO queue (``max_queue``, ``queue_ttl_s``)
@@ -164,8 +166,14 @@ class RedisAdmission(TenantSlots):
             log.warning("redis unreachable (%s): failing %s", type(exc).__name__, self.cfg.failure_mode)
 
     # ----------------------------------------------------------------- leases
-    async def acquire(self, tenant: int) -> Lease:
-        if not self.queues[tenant]:
+    async def acquire(self, tenant: int, asked: bool = False) -> Lease:
+        """A lease for ``tenant``: at once if a slot is free and nobody is queued here, else from the queue.
+
+        ``asked``: the caller has just tried for a slot itself and found none (the envelope charge and the
+        lease in one script, gateway/redis_envelopes.py ``charge_and_acquire``), so the request goes straight
+        to the queue, as after a failed first try here, without asking Redis a second time.
+        """
+        if not asked and not self.queues[tenant]:
             lease = await self._try(tenant, fresh=True)
             if lease is not None:
                 return lease
@@ -199,18 +207,34 @@ class RedisAdmission(TenantSlots):
         """One attempt at a slot: a shared lease, or the fallback of the failure mode while Redis is down."""
         if not self.up:
             return self._fallback(t, fresh)
-        lid = f"{self.replica}:{next(self._ids)}"
-        self.live[lid] = t  # known before the script runs, so a lease granted to a caller that left is found
+        lid = self.reserve(t)
+        keys, args = self.acquire_args(t, lid)
         try:
-            got = await self._acquire(keys=[self._zkeys[t], self._limits_key],
-                                      args=[self.names[t], lid, self._ttl_ms, self.nominal[t]])
+            got = await self._acquire(keys=keys, args=args)
         except asyncio.CancelledError:
-            self._forget(t, lid)
+            self.forget(t, lid)
             raise
         except _ERRORS as exc:
-            self._forget(t, lid)
+            self.forget(t, lid)
             self.mark_down(exc)
             return self._fallback(t, fresh)
+        return self.acquired(t, lid, got)
+
+    # The pieces of one attempt, also used by the envelopes' combined script (CHARGE_ACQUIRE), which takes a
+    # lease on the same terms as ACQUIRE: reserve an id, send these keys and args, apply the answer.
+    def reserve(self, t: int) -> str:
+        """A new lease id, entered in ``live`` before the script that may grant it runs: a lease granted to a
+        caller that left while the script ran is then still found (``forget``, or ``close``) and released."""
+        lid = f"{self.replica}:{next(self._ids)}"
+        self.live[lid] = t
+        return lid
+
+    def acquire_args(self, t: int, lid: str) -> tuple[list[str], list[Any]]:
+        """ACQUIRE's keys and args for lease ``lid`` of tenant ``t``."""
+        return [self._zkeys[t], self._limits_key], [self.names[t], lid, self._ttl_ms, self.nominal[t]]
+
+    def acquired(self, t: int, lid: str, got: Sequence[Any]) -> RedisLease | None:
+        """Apply ACQUIRE's answer ``{granted, holders, limit, expired}``: the lease, or None (no slot free)."""
         granted, holders, limit, expired = (int(x) for x in got)
         self.stats.leases_expired += expired
         self.shared[t] = holders
@@ -235,15 +259,19 @@ class RedisAdmission(TenantSlots):
                            status=503)
         if self.local[t] >= self.nominal[t]:
             return None
-        lid = f"{self.replica}:{next(self._ids)}"
-        self.live[lid] = t
+        lid = self.reserve(t)
         self.stats.fail_open_admitted[t] += 1
         return self._grant(t, lid)
 
-    def _forget(self, t: int, lid: str) -> None:
-        """A lease whose script may or may not have run: drop it here and make sure Redis drops it too."""
-        if self.live.pop(lid, None) is not None:
+    def forget(self, t: int, lid: str) -> None:
+        """A lease whose script may or may not have run: drop it here and make sure Redis drops it too (at
+        once, or when Redis answers again if it is known to be down already)."""
+        if self.live.pop(lid, None) is None:
+            return
+        if self.up:
             self._spawn(self._release_remote(t, lid))
+        else:
+            self.pending_release.append((t, lid))
 
     def release(self, lease: Lease) -> None:
         if not self._first_release(lease, self._loop.time()):

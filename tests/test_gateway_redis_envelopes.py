@@ -95,9 +95,9 @@ def metric(text: str, name: str, **labels: str) -> float:
     return 0.0
 
 
-def leases(rs: RedisServer) -> int:
+def leases(rs: RedisServer, tenants: tuple[str, ...] = ("req", "tok", "one")) -> int:
     with redis.Redis.from_url(rs.url) as r:
-        return sum(int(r.zcard(f"admit:leases:{t}")) for t in ("req", "tok", "one"))
+        return sum(int(r.zcard(f"admit:leases:{t}")) for t in tenants)
 
 
 def stop(gs: list[GatewayProcess]) -> None:
@@ -110,7 +110,11 @@ def test_two_replicas_admit_one_envelope_together(tmp_path: Path, mock: Counting
     urls = [g.url for g in gs]
     try:
         t0 = time.monotonic()
-        req = asyncio.run(spread(urls, 24, "req"))
+        # one request through each replica first, so both charge the shared bucket however the machine's load
+        # schedules the burst below (under load one replica's twelve could reach Redis before the other's)
+        req = [asyncio.run(spread([u], 1, "req"))[0] for u in urls]
+        assert req == [(200, None)] * 2
+        req += asyncio.run(spread(urls, 22, "req"))
         # 40-token requests (+1 for the prompt) against 200 tokens: 4 fit; another model is not this envelope's
         tok = asyncio.run(spread(urls, 12, "tok", tokens=40))
         other = asyncio.run(spread(urls, 4, "tok", tokens=40, model="other"))
@@ -118,7 +122,6 @@ def test_two_replicas_admit_one_envelope_together(tmp_path: Path, mock: Counting
         ok_req = [i for i, a in enumerate(req) if a == (200, None)]
         # one envelope of burst 6 for both replicas (each alone would admit 6: 12 in all), + the refill
         assert 6 <= len(ok_req) <= 6 + math.floor(RATE * elapsed)
-        assert {i % 2 for i in ok_req} == {0, 1}  # both replicas admitted some of them
         assert all(a == (429, "envelope-empty") for a in req if a[0] != 200)
         ok_tok = sum(a == (200, None) for a in tok)
         assert 4 <= ok_tok <= math.floor((200 + elapsed) / 41)
@@ -281,3 +284,98 @@ def test_redis_killed_mid_run_envelopes_fail_open(tmp_path: Path, mock: Counting
             assert st["tenants"]["req"]["fail_open_admitted"] == 2
     finally:
         stop(gs)
+
+
+def quiet(rs: RedisServer, **tenant: Any) -> dict[str, Any]:
+    """One tenant "q" with a requests envelope, and a Redis section whose refresh and lease renewal are far
+    apart, so that what reaches Redis during a test is what its requests send."""
+    env = {"target": "mock", "requests_per_s": RATE, "request_burst": 4}
+    return {
+        "redis": {"url": rs.url, "failure_mode": "closed", "lease_ttl_s": 300, "poll_s": 30, "timeout_s": 1},
+        "tenants": [tenant_cfg("q", **{"limit": 1, "max_queue": 5, "queue_ttl_s": 60, "envelopes": [env], **tenant})],
+    }
+
+
+def redis_calls(rs: RedisServer) -> dict[str, int]:
+    """Calls per Redis command since the last CONFIG RESETSTAT, this probe's own left out. Commands that
+    scripts run are counted too, by name; EVALSHA is the scripts themselves."""
+    with redis.Redis.from_url(rs.url) as r:
+        stats = r.info("commandstats")
+    calls = {k.removeprefix("cmdstat_"): int(v["calls"]) for k, v in stats.items()}
+    return {k: v for k, v in calls.items() if k not in ("info", "hello", "config|resetstat") and v}
+
+
+IN_SCRIPTS = {"time", "get", "set", "zremrangebyscore", "hget", "hset", "zcard", "zadd", "zrem"}
+
+
+def test_a_granted_request_makes_one_redis_call_before_the_backend(
+    tmp_path: Path, mock: CountingMock, rs: RedisServer
+) -> None:
+    """The envelope charge and the lease are one script: one EVALSHA between arrival and the backend (and one
+    more, the release, after it); a request no envelope matches makes one too (the lease)."""
+    g = GatewayProcess(tmp_path, mock.url, quiet(rs, limit=2))
+    try:
+
+        def idle() -> bool:
+            return mock.counter.now == 0 and leases(rs, ("q",)) == 0
+
+        async def run() -> dict[str, tuple[dict[str, int], dict[str, int]]]:
+            out = {}
+            async with aiohttp.ClientSession() as s:
+                for model in ("mock", "other"):  # each path once first: redis-py loads the script (NOSCRIPT)
+                    assert await one(s, g.url, "q", model=model) == (200, None)
+                for model in ("mock", "other"):
+                    await asyncio.to_thread(wait_for, idle, 10, "an idle backend and no lease")
+                    with redis.Redis.from_url(rs.url) as r:
+                        r.config_resetstat()
+                    task = asyncio.ensure_future(one(s, g.url, "q", 40, model=model, stream=True))
+                    await asyncio.to_thread(wait_for, lambda: mock.counter.now == 1, 10, "the request at the backend")
+                    at_backend = redis_calls(rs)
+                    assert await task == (200, None)
+                    await asyncio.to_thread(wait_for, lambda: redis_calls(rs).get("zrem"), 10, "the release")
+                    out[model] = at_backend, redis_calls(rs)
+            return out
+
+        calls = asyncio.run(run())
+        for model, (at_backend, done) in calls.items():
+            assert at_backend["evalsha"] == 1, (model, at_backend)
+            assert set(at_backend) - {"evalsha"} <= IN_SCRIPTS, (model, at_backend)
+            assert done["evalsha"] == 2 and done["zrem"] == 1, (model, done)
+        assert calls["mock"][0]["zadd"] == 1 and "get" in calls["mock"][0]  # the lease and the bucket: one script
+        assert "get" not in calls["other"][0]  # no envelope: no bucket read
+        assert envelope(g, "q")["admitted"] == 2 and g.state()["tenants"]["q"]["admitted"] == 4
+    finally:
+        g.stop()
+
+
+def test_a_full_limit_queues_then_admits_and_an_expired_wait_is_refunded(
+    tmp_path: Path, mock: CountingMock, rs: RedisServer
+) -> None:
+    """Limit 1: a request charged while the slot is taken waits in the queue and is admitted when it frees
+    (its charge stays spent); one whose wait outlives queue_ttl_s gets 429 ttl-expired and its unit back."""
+    g = GatewayProcess(tmp_path, mock.url, quiet(rs, queue_ttl_s=2.5))
+
+    def left() -> float:
+        return float(envelope(g, "q")["requests"]["remaining"])
+
+    async def pair(first_tokens: int) -> tuple[Answer, Answer]:
+        async with aiohttp.ClientSession() as s:
+            first = asyncio.ensure_future(one(s, g.url, "q", first_tokens, stream=True))
+            await asyncio.to_thread(wait_for, lambda: mock.counter.now == 1, 10, "the first at the backend")
+            second = await one(s, g.url, "q")
+            return await first, second
+
+    try:
+        # the first holds the slot ~1.5 s (60 tokens, 25 ms apart), less than the second may wait
+        assert asyncio.run(pair(60)) == ((200, None), (200, None))
+        waits = [x["queue_wait_s"] for x in g.request_log()]
+        assert waits[0] < 0.5 < waits[1]  # the second was queued
+        assert 1.99 <= left() < 2.5  # 4 - 2 (plus the refill, 0.05/s)
+        # now the first holds it ~3.75 s (150 tokens), longer than the second may wait: ttl-expired, refunded
+        assert asyncio.run(pair(150)) == ((200, None), (429, "ttl-expired"))
+        wait_for(lambda: left() >= 0.99, 10, "the refund")
+        assert left() < 1.99  # one of the two spent (and not the other)
+        wait_for(lambda: leases(rs, ("q",)) == 0, 10, "no lease left")
+        assert g.state()["tenants"]["q"]["ttl_expired"] == 1
+    finally:
+        g.stop()
