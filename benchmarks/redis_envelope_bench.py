@@ -8,6 +8,11 @@ loopback's share of it). Calls are sequential, one in flight, so each is one req
 nothing queued in front of it. Prints wall-clock p50/p99/mean in microseconds, and the mean CPU time of
 this (the gateway's) thread per call, which the machine's load inflates less, and writes them as JSON.
 
+In the same rounds, what one admitted request costs in Redis calls, both ways the gateway can do it: the
+two-call path (the ``GCRA`` charge script, then the ``ACQUIRE`` lease script, then the release) against the
+combined one (``SharedEnvelopeBook.charge_and_acquire``: one ``CHARGE_ACQUIRE`` script, then the release).
+The release is awaited in both, so each figure is the request's whole Redis bill.
+
     python benchmarks/redis_envelope_bench.py --rounds 5000 --warmup 500
 
 Needs Debian's redis-server (started here on a free port, no persistence) unless --redis-url is given.
@@ -29,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from admit.gateway.admission import Lease
 from admit.gateway.config import EnvelopeConfig, RedisConfig, TenantConfig
 from admit.gateway.envelopes import Charge, EnvelopeBook
 from admit.gateway.redis_admission import RedisAdmission
@@ -86,7 +92,7 @@ def summary(ns: list[int]) -> dict[str, float]:
 
 
 async def run(url: str, rounds: int, warmup: int) -> dict[str, Any]:
-    tenants = [TenantConfig(name="t", limit=1)]
+    tenants = [TenantConfig(name="t", limit=4)]
     adm = RedisAdmission(tenants, RedisConfig(url=url, prefix=f"bench{os.getpid()}"), "bench")
     await adm.start()
     shared = SharedEnvelopeBook(adm.cfg, time.monotonic)
@@ -94,9 +100,15 @@ async def run(url: str, rounds: int, warmup: int) -> dict[str, Any]:
     await shared.attach(adm)
     local = EnvelopeBook()
     local.configure("t", ENVELOPE, time.monotonic())
-    out: dict[str, list[int]] = {"local": [], "redis": [], "ping": []}
+    out: dict[str, list[int]] = {"local": [], "redis": [], "ping": [], "two_calls": [], "one_call": []}
     cpu = dict.fromkeys(out, 0)
     clock, cpu_clock = time.perf_counter_ns, time.thread_time_ns
+
+    async def release(lease: Lease) -> None:
+        adm.release(lease)  # sends the release in a background task: wait for it, it is part of the bill
+        while adm._bg:
+            await asyncio.wait(set(adm._bg))
+
     try:
         for i in range(warmup + rounds):
             c0, t0 = cpu_clock(), clock()
@@ -107,25 +119,42 @@ async def run(url: str, rounds: int, warmup: int) -> dict[str, Any]:
             await adm.r.ping()
             c3, t3 = cpu_clock(), clock()
             assert isinstance(a, Charge) and isinstance(b, Charge), (a, b)
+            # one admitted request, the two-call way: charge, lease, release
+            c4, t4 = cpu_clock(), clock()
+            b = await shared.charge_shared("t", "m", 100)
+            lease = await adm.acquire(0)
+            await release(lease)
+            c5, t5 = cpu_clock(), clock()
+            # and the combined way: charge and lease in one script, release
+            b, got, asked = await shared.charge_and_acquire(0, "m", 100)
+            assert isinstance(b, Charge) and got is not None and not asked, (b, got, asked)
+            await release(got)
+            c6, t6 = cpu_clock(), clock()
             if i >= warmup:
-                out["local"].append(t1 - t0)
-                out["redis"].append(t2 - t1)
-                out["ping"].append(t3 - t2)
-                cpu["local"] += c1 - c0
-                cpu["redis"] += c2 - c1
-                cpu["ping"] += c3 - c2
+                for k, w, c in (
+                    ("local", t1 - t0, c1 - c0),
+                    ("redis", t2 - t1, c2 - c1),
+                    ("ping", t3 - t2, c3 - c2),
+                    ("two_calls", t5 - t4, c5 - c4),
+                    ("one_call", t6 - t5, c6 - c5),
+                ):
+                    out[k].append(w)
+                    cpu[k] += c
         assert adm.up, "Redis went away during the run"
     finally:
         await adm.close()
     res: dict[str, Any] = {k: {**summary(v), "cpu_us": round(cpu[k] / rounds / 1000, 1)} for k, v in out.items()}
     res["added_p50_us"] = round(res["redis"]["p50_us"] - res["local"]["p50_us"], 1)
     res["added_p99_us"] = round(res["redis"]["p99_us"] - res["local"]["p99_us"], 1)
+    for k in ("p50_us", "p99_us", "cpu_us"):
+        res[f"combined_saves_{k}"] = round(res["two_calls"][k] - res["one_call"][k], 1)
     return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--rounds", type=int, default=5000, help="measured rounds (each: local, Redis, PING)")
+    ap.add_argument("--rounds", type=int, default=5000,
+                    help="measured rounds (each: local, Redis, PING, two-call and combined request)")
     ap.add_argument("--warmup", type=int, default=500, help="rounds run first and not measured")
     ap.add_argument("--redis-url", help="an existing server instead of starting one")
     ap.add_argument("--out", type=Path, default=Path("results/redis_envelope_bench.json"))
@@ -151,6 +180,17 @@ def main() -> None:
         r = res[k]
         print(f"{label:>28} {r['p50_us']:>8} {r['p99_us']:>8} {r['mean_us']:>8} {r['cpu_us']:>8}")
     print(f"added by Redis: p50 +{res['added_p50_us']} us, p99 +{res['added_p99_us']} us")
+    print("one admitted request's Redis calls (release awaited):")
+    for k, label in (
+        ("two_calls", "charge + lease + release"),
+        ("one_call", "charge&lease + release"),
+    ):
+        r = res[k]
+        print(f"{label:>28} {r['p50_us']:>8} {r['p99_us']:>8} {r['mean_us']:>8} {r['cpu_us']:>8}")
+    print(
+        f"combined script saves: p50 {res['combined_saves_p50_us']} us, p99 {res['combined_saves_p99_us']} us,"
+        f" CPU {res['combined_saves_cpu_us']} us per request"
+    )
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(res, indent=2) + "\n")
 
