@@ -250,7 +250,7 @@ class SharedEnvelopeBook(EnvelopeBook):
     async def charge_and_acquire(self, t: int, target: str, tokens: int) -> ChargedLease:
         """The charge of ``charge_shared`` and the lease of ``RedisAdmission.acquire`` in ONE script
         (CHARGE_ACQUIRE): the fast path of a request with envelopes, one Redis round trip instead of two
-        (each costs the gateway about 0.4 ms of CPU and of latency, docs/BENCHMARKS.md).
+        (the second cost about 0.29 ms p50 and 0.23 ms of gateway CPU per request, docs/BENCHMARKS.md).
 
         Returns ``(charge or deferral, lease or None, asked)``. The script tries for the lease only when the
         charge is granted, so a deferral takes no lease. ``asked`` means it tried and found no free slot:
