@@ -22,7 +22,7 @@ from admit.train.wrappers import AlgoAction
 PRETRAINED = Path(__file__).resolve().parents[1] / "agents" / "pretrained"
 SHIPPED = PRETRAINED / "ppo-seed-paper"
 # one shipped PPO policy per results scenario that has one (docs/training.md); each must resolve as ppo:<scenario>
-SHIPPED_SCENARIOS = ("seed-paper", "h200-mixed", "h200-azure-2023")
+SHIPPED_SCENARIOS = ("seed-paper", "h200-mixed", "h200-azure-2023", "servegen-skewed")
 
 
 # ---------------------------------------------------------------------------------- action codec
@@ -102,7 +102,8 @@ def test_every_shipped_folder_is_a_small_complete_policy_named_after_its_scenari
         folder = PRETRAINED / name
         for f in ("model.zip", "vecnormalize.pkl", "config.yaml", "scenario.yaml"):
             assert (folder / f).is_file(), f"{name}/{f}"
-        assert sum(p.stat().st_size for p in folder.iterdir()) < 300_000, name
+        # a 64x64 MLP with its Adam state (SB3's load wants it): ~0.2 MB for 2-3 tenants, ~0.45 MB for eight
+        assert sum(p.stat().st_size for p in folder.iterdir()) < 600_000, name
         algo, _, scenario = name.partition("-")
         trained = yaml.safe_load((folder / "config.yaml").read_text())
         assert (trained["algo"], trained["scenario"]) == (algo, scenario), name
