@@ -78,6 +78,8 @@ class Stack:
         self.admin_token = secrets.token_hex(24)
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self._old_term: Any = None
+        self._spawning = False  # a SIGTERM now waits until the child being started is recorded
+        self._term_pending = False
 
     # ------------------------------------------------------------------ lifetime
     def __enter__(self) -> Stack:
@@ -88,8 +90,10 @@ class Stack:
         self.stop_all()
         signal.signal(signal.SIGTERM, self._old_term)
 
-    @staticmethod
-    def _on_term(signum: int, frame: FrameType | None) -> None:
+    def _on_term(self, signum: int, frame: FrameType | None) -> None:
+        if self._spawning:  # raised once spawn() has recorded the child, or __exit__ could not stop it
+            self._term_pending = True
+            return
         raise KeyboardInterrupt  # unwinds to __exit__, which stops the children
 
     def log(self, name: str) -> Path:
@@ -100,14 +104,22 @@ class Stack:
         """``python ARGS`` (or ``program ARGS``) in a new process group, stdout and stderr to ``<name>.log``."""
         if name in self.procs and self.procs[name].poll() is None:
             raise StackError(f"{name} is already running")
-        with self.log(name).open("wb") as fh:
-            proc = subprocess.Popen(
-                [program or sys.executable, *args], stdout=fh, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
-                env={**os.environ, ADMIN_ENV: self.admin_token, **(env or {})}, start_new_session=True,
-            )
-        self.procs[name] = proc
-        with (self.workdir / "pids.txt").open("a") as fh:  # for whoever checks that nothing was left behind
-            fh.write(f"{name} {proc.pid}\n")
+        self._spawning = True
+        try:
+            with self.log(name).open("wb") as fh:
+                proc = subprocess.Popen(
+                    [program or sys.executable, *args], stdout=fh, stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL, env={**os.environ, ADMIN_ENV: self.admin_token, **(env or {})},
+                    start_new_session=True,
+                )
+            self.procs[name] = proc
+            with (self.workdir / "pids.txt").open("a") as fh:  # for whoever checks that nothing was left behind
+                fh.write(f"{name} {proc.pid}\n")
+        finally:
+            self._spawning = False
+        if self._term_pending:
+            self._term_pending = False
+            raise KeyboardInterrupt  # the SIGTERM that came while the child started
         return proc
 
     def stop(self, name: str, grace_s: float = 10.0) -> int | None:

@@ -77,3 +77,26 @@ def test_sigterm_mid_run_stops_every_process(tmp_path: Path) -> None:
     proc.communicate(timeout=90)
     assert proc.returncode != 0
     assert _all_gone(pids) == []
+
+
+def test_sigterm_while_a_child_starts_still_stops_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A SIGTERM that lands after Popen returned but before the stack recorded the child: the stack still
+    knows the child, so leaving the ``with`` stops it (the signal is raised once the child is recorded)."""
+    from admit.gateway import stack as stack_mod
+
+    real_popen = subprocess.Popen
+    started: list[int] = []
+
+    def popen_then_sigterm(*args, **kw):  # the real Popen; the signal is only timed into the window
+        proc = real_popen(*args, **kw)
+        started.append(proc.pid)
+        os.kill(os.getpid(), signal.SIGTERM)  # its Python handler runs at the next bytecode, i.e. right here
+        return proc
+
+    with pytest.raises(KeyboardInterrupt), stack_mod.Stack(tmp_path) as st:
+        monkeypatch.setattr(stack_mod.subprocess, "Popen", popen_then_sigterm)
+        st.spawn("sleeper", ["-c", "import time; time.sleep(600)"])
+        pytest.fail("the SIGTERM was not raised once the child was recorded")
+    assert len(started) == 1
+    assert _pids(tmp_path) == {"sleeper": started[0]}
+    assert _all_gone({"sleeper": started[0]}) == []
