@@ -30,17 +30,19 @@ def start_mock(ttft_ms: float = 0.0, itl_ms: float = 0.0, retry_after: float = 0
         stdout=subprocess.PIPE,
         text=True,
     )
-    sel = selectors.DefaultSelector()
-    sel.register(proc.stdout, selectors.EVENT_READ)
     deadline = time.monotonic() + 60  # generous: it only bounds a process that never starts
-    while time.monotonic() < deadline:
-        if sel.select(timeout=0.1):
-            line = proc.stdout.readline()
-            if line.startswith("listening on "):
-                return proc, "http://" + line.split()[-1]
-        if proc.poll() is not None:
-            break
+    with selectors.DefaultSelector() as sel:
+        sel.register(proc.stdout, selectors.EVENT_READ)
+        while time.monotonic() < deadline:
+            if sel.select(timeout=0.1):
+                line = proc.stdout.readline()
+                if line.startswith("listening on "):
+                    return proc, "http://" + line.split()[-1]
+            if proc.poll() is not None:
+                break
     proc.kill()
+    proc.wait(5)
+    proc.stdout.close()
     raise RuntimeError("mock server did not start")
 
 
@@ -57,6 +59,7 @@ def mock_server() -> Iterator[Callable[..., str]]:
     for p in procs:
         p.terminate()
         p.wait(timeout=10)
+        p.stdout.close()  # the pipe start_mock read "listening on" from
 
 
 @pytest.fixture
