@@ -184,6 +184,8 @@ def _read_listening(proc: subprocess.Popen[str], timeout: float, what: str) -> s
                 if not line and proc.poll() is not None:
                     break
     proc.kill()
+    proc.wait(5)
+    proc.stdout.close()
     raise RuntimeError(f"{what} did not start")
 
 

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import os
-import selectors
 import subprocess
 import sys
-import time
 from collections.abc import Callable, Iterator
 
 import pytest
+from gateway_helpers import _read_listening
 
 
 def start_mock(ttft_ms: float = 0.0, itl_ms: float = 0.0, retry_after: float = 0.0) -> tuple[subprocess.Popen, str]:
@@ -30,20 +29,7 @@ def start_mock(ttft_ms: float = 0.0, itl_ms: float = 0.0, retry_after: float = 0
         stdout=subprocess.PIPE,
         text=True,
     )
-    deadline = time.monotonic() + 60  # generous: it only bounds a process that never starts
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if sel.select(timeout=0.1):
-                line = proc.stdout.readline()
-                if line.startswith("listening on "):
-                    return proc, "http://" + line.split()[-1]
-            if proc.poll() is not None:
-                break
-    proc.kill()
-    proc.wait(5)
-    proc.stdout.close()
-    raise RuntimeError("mock server did not start")
+    return proc, _read_listening(proc, 60, "mock server")  # generous: it only bounds a hang
 
 
 @pytest.fixture
