@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import http.client
 import json
-import selectors
 import subprocess
 import sys
 import time
@@ -12,6 +11,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from proc_helpers import read_listening
 from prometheus_client.parser import text_string_to_metric_families
 
 
@@ -80,23 +80,7 @@ def start_emulator(*args: str, wait_ready: bool = True) -> Emulator:
     proc = subprocess.Popen(
         [sys.executable, "-m", "admit.emulator", "--port", "0", *args], stdout=subprocess.PIPE, text=True
     )
-    assert proc.stdout is not None
-    deadline = time.monotonic() + 60  # generous: it only bounds a process that never starts
-    url = None
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline and url is None:
-            if sel.select(timeout=0.1):
-                line = proc.stdout.readline()
-                if line.startswith("listening on "):
-                    url = "http://" + line.split()[-1]
-            if proc.poll() is not None:
-                break
-    if url is None:
-        proc.kill()
-        proc.wait(5)
-        proc.stdout.close()
-        raise RuntimeError("the emulator did not start")
+    url = read_listening(proc, 60, "the emulator")
     emu = Emulator(proc, url)
     if wait_ready:
         emu.wait_for(lambda: emu.request("GET", "/health")[0] == 200, 30.0, "/health to answer 200")

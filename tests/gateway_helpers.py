@@ -18,12 +18,10 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import selectors
 import signal
 import subprocess
 import sys
 import threading
-import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -33,6 +31,7 @@ from typing import Any
 import yaml
 from admit.gateway.stack import StackError, poll
 from admit.loadgen.mockserver import ServerProtocol, Stats
+from proc_helpers import read_listening
 
 ADMIN_TOKEN = "test-admin-token-0123456789"
 
@@ -171,24 +170,6 @@ class CountingMock:
         self._thread.join(5)
 
 
-def _read_listening(proc: subprocess.Popen[str], timeout: float, what: str) -> str:
-    assert proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    with selectors.DefaultSelector() as sel:
-        sel.register(proc.stdout, selectors.EVENT_READ)
-        while time.monotonic() < deadline:
-            if sel.select(timeout=0.1):
-                line = proc.stdout.readline()
-                if line.startswith("listening on "):
-                    return "http://" + line.split()[-1]
-                if not line and proc.poll() is not None:
-                    break
-    proc.kill()
-    proc.wait(5)
-    proc.stdout.close()
-    raise RuntimeError(f"{what} did not start")
-
-
 def http(method: str, url: str, body: Any = None, headers: dict[str, str] | None = None,
          timeout: float = 10.0) -> tuple[int, dict[str, str], bytes]:
     data = body if isinstance(body, bytes) else json.dumps(body).encode() if body is not None else None
@@ -213,7 +194,7 @@ class MockProcess:
             [sys.executable, "-m", "admit.loadgen.mockserver", "--port", str(port), *self.args],
             stdout=subprocess.PIPE, text=True,
         )
-        self.url = _read_listening(proc, 60, "mock server")
+        self.url = read_listening(proc, 60, "mock server")
         self.port = int(self.url.rsplit(":", 1)[1])
         return proc
 
@@ -253,7 +234,7 @@ class GatewayProcess:
     def ready(self) -> GatewayProcess:
         """Wait until the gateway listens and ``/health`` answers."""
         if not self.url:
-            self.url = _read_listening(self.proc, 60, "gateway")
+            self.url = read_listening(self.proc, 60, "gateway")
         wait_for(lambda: self._healthy(), 30, "gateway /health")
         return self
 

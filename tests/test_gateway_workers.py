@@ -18,7 +18,8 @@ import aiohttp
 import redis
 import yaml
 from admit.gateway.stack import alive
-from gateway_helpers import ADMIN_TOKEN, CountingMock, _read_listening, key, tenant_cfg, wait_for
+from gateway_helpers import ADMIN_TOKEN, CountingMock, key, tenant_cfg, wait_for
+from proc_helpers import read_listening
 from redis_helpers import RedisServer
 
 
@@ -51,7 +52,7 @@ def test_two_workers_share_one_limit_and_stop_together(tmp_path: Path, rs: Redis
     proc = _spawn(tmp_path, mock.url, cfg, 2)
     try:
         try:
-            url = _read_listening(proc, 120, "gateway workers")  # printed once both workers accept
+            url = read_listening(proc, 120, "gateway workers")  # printed once both workers accept
         except RuntimeError:
             proc.wait(10)
             raise AssertionError(f"the workers did not start:\n{proc.stderr.read()[-3000:]}") from None

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Callable, Iterator
 
 import pytest
-from gateway_helpers import _read_listening
+from proc_helpers import read_listening
 
 
 def start_mock(ttft_ms: float = 0.0, itl_ms: float = 0.0, retry_after: float = 0.0) -> tuple[subprocess.Popen, str]:
@@ -29,7 +29,7 @@ def start_mock(ttft_ms: float = 0.0, itl_ms: float = 0.0, retry_after: float = 0
         stdout=subprocess.PIPE,
         text=True,
     )
-    return proc, _read_listening(proc, 60, "mock server")  # generous: it only bounds a hang
+    return proc, read_listening(proc, 60, "mock server")  # generous: it only bounds a hang
 
 
 @pytest.fixture
