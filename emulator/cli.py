@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import signal
 
 import typer
@@ -33,6 +34,18 @@ async def run_server(config: EmulatorConfig, announce: bool = True) -> None:
         await app.loop.stop()
 
 
+def _admin_token(token: str | None, env_var: str | None) -> str | None:
+    """The token from ``--admin-token`` or the variable ``--admin-token-env`` names; None when neither is given."""
+    if token is not None and env_var is not None:
+        raise ValueError("give --admin-token or --admin-token-env, not both")
+    if env_var is None:
+        return token
+    value = os.environ.get(env_var)
+    if not value:
+        raise ValueError(f"--admin-token-env: environment variable {env_var} is not set")
+    return value
+
+
 def emulate(
     preset: str = typer.Option("h200-llama3-8b", help="token-engine preset (h200-llama3-8b, h100-llama3-8b)"),
     port: int = typer.Option(8000, help="TCP port; 0 picks a free one (printed as 'listening on HOST:PORT')"),
@@ -47,16 +60,23 @@ def emulate(
     output_sigma: float = typer.Option(0.8, help="log-space sigma of the drawn output length"),
     startup_delay: float = typer.Option(0.0, help="seconds /health answers 503 after start (slow start-up)"),
     latency_multiplier: float = typer.Option(1.0, help="engine steps take this many times longer (fault)"),
+    admin_token_env: str | None = typer.Option(
+        None, help="environment variable holding a token (>= 16 characters) that /admin/faults and /debug/requests "
+        "then require as 'Authorization: Bearer <token>'; without a token they are open to anyone who can reach "
+        "the port (default: 127.0.0.1 only)"),
+    admin_token: str | None = typer.Option(
+        None, help="the token itself (visible in the process list: prefer --admin-token-env)"),
 ) -> None:
     """Serve a vLLM-compatible OpenAI API whose timing comes from the token engine, in wall-clock time."""
     import uvloop
 
     try:
+        token = _admin_token(admin_token, admin_token_env)
         config = EmulatorConfig(
             preset=preset, host=host, port=port, model=model, max_model_len=max_model_len, seed=seed,
             num_gpu_blocks=num_gpu_blocks, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             output_median=output_median, output_sigma=output_sigma, startup_delay_s=startup_delay,
-            latency_multiplier=latency_multiplier,
+            latency_multiplier=latency_multiplier, admin_token=token,
         )  # fmt: skip
         config.build_engine()  # fail before binding the port
     except ValueError as e:

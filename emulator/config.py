@@ -7,16 +7,22 @@ Output lengths without ``ignore_eos``: the request "stops" after a length drawn 
 distribution (median ``output_median`` tokens, log-space sigma ``output_sigma``), or at ``max_tokens``
 if that comes first. The defaults (median 200, sigma 0.8) are an assumption of chat-like answers, not
 a fit to a trace; pass ``ignore_eos`` to get exactly ``max_tokens``.
+
+``admin_token``: when set, ``/admin/faults`` and ``/debug/requests`` need ``Authorization: Bearer <token>``
+(at least 16 visible ASCII characters, as the gateway's admin token); without it they are open, since the
+emulator is a test tool that listens on 127.0.0.1 by default.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from admit.envs.presets import Preset, get_preset
 from admit.envs.token_engine import TokenEngine
+
+MIN_TOKEN_LEN = 16  # as the gateway's admin token (gateway/config.py)
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class EmulatorConfig:
     output_sigma: float = 0.8
     startup_delay_s: float = 0.0
     latency_multiplier: float = 1.0
+    admin_token: str | None = field(default=None, repr=False)  # never printed with the settings
 
     def __post_init__(self) -> None:
         get_preset(self.preset)  # a clear error naming the allowed presets
@@ -51,6 +58,13 @@ class EmulatorConfig:
             raise ValueError(f"startup_delay_s must be >= 0, got {self.startup_delay_s}")
         if not (math.isfinite(self.latency_multiplier) and self.latency_multiplier > 0):
             raise ValueError(f"latency_multiplier must be > 0, got {self.latency_multiplier}")
+        if self.admin_token is not None:  # the message never contains the token
+            if len(self.admin_token) < MIN_TOKEN_LEN:
+                raise ValueError(f"the admin token needs at least {MIN_TOKEN_LEN} characters, "
+                                 f"got {len(self.admin_token)}")
+            if not all("!" <= c <= "~" for c in self.admin_token):
+                raise ValueError("the admin token must be visible ASCII characters (no spaces), "
+                                 "as it travels in an HTTP header")
 
     def preset_obj(self) -> Preset:
         p = get_preset(self.preset)

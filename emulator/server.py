@@ -4,10 +4,16 @@ Routes: ``POST /v1/completions``, ``POST /v1/chat/completions``, ``GET /v1/model
 ``GET /metrics``, ``GET /version``, ``GET|POST /admin/faults``, ``GET /debug/requests`` (the engine
 model's per-request times, for benchmarks). A known path with the wrong method is a 405, any other path
 a 404, both as OpenAI-style JSON errors.
+
+With an admin token configured (``--admin-token-env``), ``/admin/faults`` (reading them too: they show how
+a test is rigging the server) and ``/debug/requests`` (every client's request sizes and times) need
+``Authorization: Bearer <token>``, compared in constant time; anything else is a 401 JSON error and changes
+nothing. Without a token they are open: the emulator is a test tool on 127.0.0.1 by default.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import logging
 import math
@@ -38,6 +44,7 @@ _ROUTES = {
     "/admin/faults": ("GET", "POST"),
     "/debug/requests": ("GET",),
 }
+_PROTECTED = frozenset({"/admin/faults", "/debug/requests"})  # need the admin token when one is configured
 
 
 class StreamSink:
@@ -69,6 +76,7 @@ class EmulatorApp:
 
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
+        self._token = config.admin_token.encode() if config.admin_token else None
         # CLOCK_MONOTONIC at full resolution (uvloop's loop.time() has millisecond steps); on Linux the same
         # clock in every process, so a client's timestamps compare directly with /debug/requests.
         self.wall = time.monotonic
@@ -108,6 +116,8 @@ class EmulatorApp:
                 raise ApiError(404, f"no route for {req.path}")
             if req.method not in methods:
                 raise ApiError(405, f"{req.path} accepts {', '.join(methods)}, not {req.method}")
+            if self._token is not None and req.path in _PROTECTED:
+                self._authorize(req)
             if req.path == "/v1/completions":
                 self._generate(req, conn, chat=False)
             elif req.path == "/v1/chat/completions":
@@ -133,11 +143,18 @@ class EmulatorApp:
             else:
                 conn.respond(200, self._debug_requests())
         except ApiError as e:
-            conn.respond(e.status, e.body())
+            conn.respond(e.status, e.body(), extra_headers=("WWW-Authenticate: Bearer",) if e.status == 401 else ())
         except Exception:  # a bug must cost one request a 500, not the connection or the server
             log.exception("internal error answering %s %s", req.method, req.path)
             if conn.on_close is None:  # nothing was streamed yet
                 conn.respond(500, ApiError(500, "internal error in the emulator").body())
+
+    def _authorize(self, req: HttpRequest) -> None:
+        assert self._token is not None
+        value = req.headers.get("authorization", "")
+        given = value[7:].strip() if value[:7].lower() == "bearer " else ""
+        if not hmac.compare_digest(given.encode("latin-1"), self._token):  # the head was decoded as latin-1
+            raise ApiError(401, f"{req.path} needs the admin token (Authorization: Bearer ...)")
 
     # ---------------------------------------------------------------- generation
     def _generate(self, req: HttpRequest, conn: Connection, chat: bool) -> None:

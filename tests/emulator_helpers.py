@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import subprocess
 import sys
 import time
@@ -26,18 +27,25 @@ class Emulator:
         assert parts.hostname is not None and parts.port is not None
         return parts.hostname, parts.port
 
-    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None) -> tuple[int, bytes]:
+    def request(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
+                headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+        status, _, data = self.request_full(method, path, body, raw, headers)
+        return status, data
+
+    def request_full(self, method: str, path: str, body: Any = None, raw: bytes | None = None,
+                     headers: dict[str, str] | None = None) -> tuple[int, dict[str, str], bytes]:
+        """Status, response headers (lower-case names) and body."""
         conn = http.client.HTTPConnection(*self.host_port, timeout=30)
         try:
             data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
-            conn.request(method, path, body=data, headers={"Content-Type": "application/json"})
+            conn.request(method, path, body=data, headers={"Content-Type": "application/json", **(headers or {})})
             resp = conn.getresponse()
-            return resp.status, resp.read()
+            return resp.status, {k.lower(): v for k, v in resp.getheaders()}, resp.read()
         finally:
             conn.close()
 
-    def json(self, method: str, path: str, body: Any = None) -> tuple[int, Any]:
-        status, data = self.request(method, path, body)
+    def json(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> tuple[int, Any]:
+        status, data = self.request(method, path, body, headers=headers)
         return status, json.loads(data) if data else None
 
     def metrics(self) -> dict[str, list[Any]]:
@@ -75,10 +83,13 @@ class Emulator:
             self.proc.stdout.close()
 
 
-def start_emulator(*args: str, wait_ready: bool = True) -> Emulator:
-    """``python -m admit.emulator --port 0 ARGS``; returns once it listens (and, by default, is healthy)."""
+def start_emulator(*args: str, wait_ready: bool = True, env: dict[str, str] | None = None) -> Emulator:
+    """``python -m admit.emulator --port 0 ARGS``; returns once it listens (and, by default, is healthy).
+
+    ``env``: variables added to this process's environment for the emulator (e.g. its admin token)."""
     proc = subprocess.Popen(
-        [sys.executable, "-m", "admit.emulator", "--port", "0", *args], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "admit.emulator", "--port", "0", *args], stdout=subprocess.PIPE, text=True,
+        env=None if env is None else {**os.environ, **env},
     )
     url = read_listening(proc, 60, "the emulator")
     emu = Emulator(proc, url)

@@ -1,9 +1,13 @@
-"""Bad requests get OpenAI-style 400s; a client that goes away frees its KV; injected faults take effect."""
+"""Bad requests get OpenAI-style 400s; a client that goes away frees its KV; injected faults take effect;
+with an admin token configured, the fault and debug endpoints answer only to it."""
 
 from __future__ import annotations
 
 import json
+import os
 import socket
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 
@@ -185,3 +189,81 @@ def test_expect_100_continue(emu: Emulator) -> None:
         assert _read_until(s, b"\r\n\r\n").startswith(b"HTTP/1.1 100 Continue")
         s.sendall(body)
         assert _read_until(s, b'"completion_tokens": 2').startswith(b"HTTP/1.1 200 OK")
+
+
+TOKEN = "emu-admin-token-0123456789"
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+DEFAULT_FAULTS = {"latency_multiplier": 1.0, "error_rate": 0.0, "error_status": 503, "paused": False,
+                  "startup_delay_s": 0.0}  # fmt: skip
+
+
+@pytest.fixture(scope="module")
+def guarded() -> Iterator[Emulator]:
+    e = start_emulator("--model", MODEL, "--max-model-len", "1024", "--admin-token-env", "ADMIT_TEST_EMU_TOKEN",
+                       env={"ADMIT_TEST_EMU_TOKEN": TOKEN})
+    yield e
+    e.stop()
+
+
+@pytest.mark.parametrize(
+    "headers",
+    [None, {"Authorization": "Bearer wrong-token-0123456789"}, {"Authorization": f"Bearer {TOKEN[:-1]}"},
+     {"Authorization": f"Bearer {TOKEN}x"}, {"Authorization": TOKEN}, {"Authorization": f"Basic {TOKEN}"},
+     {"Authorization": "Bearer "}],
+    ids=["none", "wrong", "prefix", "longer", "no-scheme", "basic", "empty"],
+)
+def test_with_a_token_faults_and_debug_need_it(guarded: Emulator, headers: dict[str, str] | None) -> None:
+    for method, path, body in (("POST", "/admin/faults", {"error_rate": 1.0, "paused": True}),
+                               ("GET", "/admin/faults", None), ("GET", "/debug/requests", None)):  # fmt: skip
+        status, head, raw = guarded.request_full(method, path, body, headers=headers)
+        assert status == 401, (method, path)
+        assert head["content-type"] == "application/json" and head["www-authenticate"] == "Bearer"
+        err = json.loads(raw)["error"]
+        assert set(err) == {"message", "type", "param", "code"}
+        assert (err["code"], err["type"]) == (401, "AuthenticationError") and "admin token" in err["message"]
+        assert TOKEN not in raw.decode()
+    assert guarded.json("GET", "/admin/faults", headers=AUTH) == (200, DEFAULT_FAULTS)  # nothing was applied
+    # the OpenAI routes, health and metrics stay open: the token guards only the test knobs
+    status, answer = guarded.json("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2, "ignore_eos": True})
+    assert status == 200 and answer["usage"]["completion_tokens"] == 2
+    assert guarded.request("GET", "/health")[0] == 200 and guarded.request("GET", "/metrics")[0] == 200
+
+
+def test_with_the_right_token_faults_apply(guarded: Emulator) -> None:
+    try:
+        status, faults = guarded.json("POST", "/admin/faults", {"error_rate": 1.0, "error_status": 500}, headers=AUTH)
+        assert status == 200 and (faults["error_rate"], faults["error_status"]) == (1.0, 500)
+        assert guarded.json("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 500
+        # the scheme is case-insensitive, as in HTTP
+        lower = {"Authorization": f"bearer {TOKEN}"}
+        assert guarded.json("POST", "/admin/faults", {"error_rate": 0.0}, headers=lower)[0] == 200
+        assert guarded.json("POST", "/v1/completions", {"prompt": "x", "max_tokens": 2})[0] == 200
+        status, dbg = guarded.json("GET", "/debug/requests", headers=AUTH)
+        assert status == 200 and dbg["rows"] and "event_lateness_s" in dbg
+        # a bad value with the right token is still a 400 naming the key
+        status, err = guarded.json("POST", "/admin/faults", {"error_rate": 2}, headers=AUTH)
+        assert status == 400 and err["error"]["param"] == "error_rate"
+    finally:
+        guarded.json("POST", "/admin/faults", {"error_rate": 0.0, "error_status": 503}, headers=AUTH)
+    assert guarded.json("GET", "/admin/faults", headers=AUTH) == (200, DEFAULT_FAULTS)
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "needle"),
+    [
+        (["--admin-token-env", "ADMIT_TEST_EMU_UNSET"], {}, "ADMIT_TEST_EMU_UNSET is not set"),
+        (["--admin-token-env", "ADMIT_TEST_EMU_TOKEN"], {"ADMIT_TEST_EMU_TOKEN": "short"}, "at least 16 characters"),
+        (["--admin-token", "has a space in it, 16+"], {}, "visible ASCII"),
+        (["--admin-token", TOKEN, "--admin-token-env", "ADMIT_TEST_EMU_TOKEN"], {"ADMIT_TEST_EMU_TOKEN": TOKEN},
+         "not both"),
+    ],
+    ids=["unset", "short", "space", "both"],
+)
+def test_a_bad_admin_token_stops_start_up(args: list[str], env: dict[str, str], needle: str) -> None:
+    base = {k: v for k, v in os.environ.items() if not k.startswith("ADMIT_TEST_EMU_")}
+    out = subprocess.run([sys.executable, "-m", "admit.emulator", "--port", "0", *args], capture_output=True,
+                         text=True, env={**base, **env}, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and needle in out.stderr, out.stderr
+    assert "listening on" not in out.stdout
+    for value in env.values():
+        assert value not in out.stderr  # the token is never echoed
