@@ -16,6 +16,11 @@ Each ``act(obs)``:
    ``wrong_length``, ``out_of_range`` ...), or ``error`` for anything unforeseen. act() never raises.
 Every decision point lands in the decision log with the rationale or the reason for holding.
 
+Because act() never raises, a failure is reported in ``last_failure`` (core/controller.py): the reason
+after a failed decision point, None after a decision, a cache hit, an interval between decision points or
+a ``rate_limited`` hold (the policy's own budget: deliberate, not a failure). The live control loop
+counts it as ``policy:<reason>`` and falls back after ``max_failures`` in a row.
+
 Swapping in a capable model: ``ADMIT_LLM_URL=https://api.openai.com/v1 ADMIT_LLM_MODEL=<model>
 OPENAI_API_KEY=...``, or a YAML settings file passed as ``--policy llm:settings.yaml``; a richer prompt
 goes in a YAML prompt file (``prompt_file``) with the fields documented in admit.agents.llm_prompt.
@@ -59,17 +64,21 @@ class LLMPolicy:
         self._spec: ControlSpec | None = None
         self._history: deque[tuple[TenantSnapshot, ...]] = deque(maxlen=cfg.history)
         self._step = 0
+        self.last_failure: str | None = None  # why the last act() could not decide (core/controller.py)
 
     def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
         """Start an episode: forget the trend; keep the cache, the rate budget and the counters."""
         self._spec = spec
         self._history.clear()
         self._step = 0
+        self.last_failure = None
 
     def act(self, obs: Observation) -> list[int]:
+        self.last_failure = None
         try:
             return self._act(obs)
         except Exception as e:  # the control loop must keep running whatever happens here
+            self.last_failure = "error"
             self.stats.hold("error")
             hold = [0] * obs.n_tenants
             with contextlib.suppress(Exception):
@@ -144,6 +153,8 @@ class LLMPolicy:
         self, obs: Observation, reason: str, latency: float | None, prompt_id: str, rationale: str = ""
     ) -> list[int]:
         self.stats.hold(reason)
+        if reason != "rate_limited":  # the policy's own budget is a deliberate hold, not a failure
+            self.last_failure = reason
         hold = [0] * obs.n_tenants
         self._record(obs, "hold", reason, hold, rationale, latency, prompt_id)
         return hold

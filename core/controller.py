@@ -3,6 +3,12 @@
 A controller is any object with ``reset(spec)`` and ``act(obs) -> deltas``: one integer per tenant in
 ``[-spec.limits.max_step, +spec.limits.max_step]``. The caller (the Gymnasium env, the evaluator, the
 live control loop) adds the deltas to the current limits and clamps them to ``[limits.min, limits.max]``.
+
+Optional: a controller that can fail *inside* act() and still return deltas (the LLM policy holds when its
+model does not answer) MAY expose ``last_failure: str | None``: the reason its most recent act() could not
+decide, or None when it decided or held on purpose (not a decision point, its own rate budget). The live
+loop reads it with `policy_failure` and counts such a hold as a failure, so its fallback still triggers. A
+controller without the attribute never fails this way; the Protocol does not require it.
 """
 
 from __future__ import annotations
@@ -21,6 +27,19 @@ class Controller(Protocol):
     def reset(self, spec: ControlSpec, seed: int | None = None) -> None: ...
 
     def act(self, obs: Observation) -> Sequence[int]: ...
+
+
+def policy_failure(controller: object) -> str | None:
+    """The reason the controller's last act() could not decide (its optional ``last_failure``), else None.
+
+    Raises TypeError when the attribute is set to something other than a string or None.
+    """
+    reason = getattr(controller, "last_failure", None)
+    if reason is None or reason == "":
+        return None
+    if not isinstance(reason, str):
+        raise TypeError(f"last_failure must be a string or None, got {reason!r}"[:200])
+    return reason
 
 
 def validate_deltas(deltas: Sequence[int], spec: ControlSpec) -> list[int]:

@@ -12,7 +12,8 @@ import pytest
 from admit.agents.decision_log import read_log
 from admit.agents.llm_config import LLMConfig
 from admit.agents.llm_policy import LLMPolicy
-from admit.core.controller import validate_deltas
+from admit.controllers.registry import make_controller
+from admit.core.controller import Controller, policy_failure, validate_deltas
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from llm_scripted_server import ScriptedServer, Step, reply
@@ -105,12 +106,14 @@ def test_every_bad_reply_holds_and_is_counted(server: ScriptedServer, step: Step
     assert p.act(obs(1)) == [0, 0]
     assert p.stats.calls == 1 and p.stats.valid == 0
     assert dict(p.stats.holds) == {reason: 1}
+    assert p.last_failure == policy_failure(p) == reason  # what the live loop counts as a failure
     rec = p.log.records[-1]
     assert (rec.source, rec.reason, rec.deltas) == ("hold", reason, [0, 0])
     # the policy keeps working afterwards
     server.push(reply([1, 1]))
     assert p.act(obs(2)) == [1, 1]
     assert p.stats.calls == 2 and p.stats.valid == 1
+    assert p.last_failure is None
 
 
 def test_connection_refused_holds() -> None:
@@ -213,3 +216,42 @@ def test_returned_deltas_pass_the_controller_contract(server: ScriptedServer) ->
     server.default = reply([-2, 2])
     p = policy(server.base_url)
     assert validate_deltas(p.act(obs(1)), SPEC) == [-2, 2]
+
+
+def test_last_failure_reports_failures_only(server: ScriptedServer) -> None:
+    """Set by a failed decision point; cleared by a decision, a cache hit, an interval between decision points
+    and a hold of the policy's own rate budget (deliberate, not a failure)."""
+    p = LLMPolicy(LLMConfig(base_url=server.base_url, timeout_s=10.0, every=2, calls_per_min=1.0, burst=4),
+                  clock=lambda: 0.0)
+    p.reset(SPEC)
+    assert p.last_failure is None
+    server.push(Step("not json"), reply([1, 0]), Step(status=503), Step("still not json"))
+    assert p.act(obs(1)) == [0, 0] and p.last_failure == "not_json"
+    assert p.act(obs(2)) == [0, 0] and p.last_failure is None  # not a decision point
+    p.reset(SPEC)  # each reset makes the next act a decision point, with the same history as the last reset's
+    assert p.act(obs(7)) == [1, 0] and p.last_failure is None
+    p.reset(SPEC)
+    assert p.act(obs(8)) == [0, 0] and p.last_failure == "http_error"
+    p.reset(SPEC)
+    assert p.act(obs(7)) == [1, 0] and p.last_failure is None  # the good reply, from the cache
+    p.reset(SPEC)
+    assert p.act(obs(9)) == [0, 0] and p.last_failure == "not_json"
+    p.reset(SPEC)
+    assert p.act(obs(10)) == [0, 0] and p.last_failure is None and policy_failure(p) is None  # the bucket is empty
+    assert p.stats.cache_hits == 1 and len(server.requests) == 4
+    assert dict(p.stats.holds) == {"not_json": 2, "http_error": 1, "rate_limited": 1}
+    assert p.log.records[-1].reason == "rate_limited"
+
+
+def test_last_failure_after_an_unforeseen_error_and_for_other_controllers() -> None:
+    p = LLMPolicy(LLMConfig())
+    p.act(obs(1))  # before reset(spec): an internal error, held
+    assert p.last_failure == "error"
+    static = make_controller("static")
+    assert isinstance(static, Controller) and policy_failure(static) is None  # the attribute is optional
+
+    class Odd:
+        last_failure = 3
+
+    with pytest.raises(TypeError, match="last_failure must be a string or None"):
+        policy_failure(Odd())
