@@ -9,11 +9,12 @@ spec's, the objectives the policy was reset with.
 **Shadow mode** does everything but the PUT: decisions are logged, the gateway is not touched.
 
 **Fail-safe.** A policy that raises, misses the deadline (``act_timeout_s``; a call still running at the
-next tick counts again and is not re-entered) or returns garbage (wrong length, not integers, beyond
-±max_step) changes nothing — the last good limits stay as they are — and after ``max_failures``
-consecutive failures the loop switches to the fallback policy (``static``: hold the limits) for good.
-Failures are counted by kind; every decision is one JSONL line (time, observation summary, deltas, limits
-before/after, outcome, policy).
+next tick counts again and is not re-entered), returns garbage (wrong length, not integers, beyond
+±max_step) or reports that it could not decide (``last_failure``, core/controller.py: the LLM policy
+holds when its model times out or answers nonsense, and says why; counted as ``policy:<reason>``) changes
+nothing — the last good limits stay as they are — and after ``max_failures`` consecutive failures the loop
+switches to the fallback policy (``static``: hold the limits) for good. Failures are counted by kind;
+every decision is one JSONL line (time, observation summary, deltas, limits before/after, outcome, policy).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from admit.core.controller import Controller, validate_deltas
+from admit.core.controller import Controller, policy_failure, validate_deltas
 from admit.core.observation import NO_SLO, Observation
 from admit.core.spec import ControlSpec
 from admit.gateway.jsonl import JsonlWriter
@@ -90,7 +91,7 @@ class LoopStats:
     applied: int = 0
     unchanged: int = 0
     shadow: int = 0
-    failures: Counter[str] = field(default_factory=Counter)  # raised, timeout, busy, garbage
+    failures: Counter[str] = field(default_factory=Counter)  # raised, timeout, busy, garbage, policy:<reason>
     consecutive_failures: int = 0
     fallbacks: int = 0
     fetch_errors: int = 0
@@ -139,10 +140,15 @@ class ControlLoop:
             log.warning("policy %s raised %s: %s", self.policy.name, type(exc).__name__, exc)
             return None, "raised"
         try:
-            return validate_deltas(list(raw) if not isinstance(raw, list) else raw, self.spec), ""
+            deltas = validate_deltas(list(raw) if not isinstance(raw, list) else raw, self.spec)
+            reason = policy_failure(self.policy)  # read after act() returned: no other call is running
         except (TypeError, ValueError) as exc:
             log.warning("policy %s returned garbage: %s", self.policy.name, str(exc)[:200])
             return None, "garbage"
+        if reason is not None:  # it held because it could not decide (an LLM that did not answer): a failure
+            log.warning("policy %s could not decide: %s", self.policy.name, reason[:200])
+            return None, f"policy:{reason[:64]}"
+        return deltas, ""
 
     def step(self) -> dict[str, Any]:
         s = self.stats

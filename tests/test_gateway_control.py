@@ -2,8 +2,9 @@
 
 The live Observation has the simulator's layout for the same tenants; stale engine telemetry reads as a
 saturated server; a policy that raises, overruns its deadline or returns garbage changes nothing and is
-replaced by static after N failures; shadow mode touches nothing; a good policy's decisions reach the
-gateway's audit log through `admit control`.
+replaced by static after N failures, and so is the LLM policy whose endpoint fails every call (it holds and
+reports ``last_failure``); shadow mode touches nothing; a good policy's decisions reach the gateway's audit
+log through `admit control`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from pathlib import Path
 
 import aiohttp
 import pytest
+from admit.agents.llm_config import LLMConfig
+from admit.agents.llm_policy import LLMPolicy
 from admit.controllers.registry import make_controller
 from admit.core.observation import Observation
 from admit.core.spec import ControlSpec
@@ -30,6 +33,7 @@ from admit.gateway.control import ControlLoop, GatewayClient
 from admit.gateway.telemetry import LiveTelemetry, spec_from_json
 from emulator_helpers import Emulator, start_emulator
 from gateway_helpers import ADMIN_TOKEN, GatewayProcess, key, tenant_cfg, wait_for
+from llm_scripted_server import ScriptedServer, Step
 from redis_helpers import free_port
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
@@ -235,6 +239,53 @@ def test_bad_policy_holds_then_falls_back_to_static(gw: GatewayProcess, tmp_path
     assert _limits(gw) == before and len(gw.audit_log()) == audit_before  # nothing was applied
     assert all(x["limits_after"] == x["limits_before"] == before for x in lines)
     assert lines[0]["observation"]["tenants"]["bursty"]["limit"] == 3
+
+
+def test_an_llm_whose_endpoint_fails_every_call_falls_back_to_static(gw: GatewayProcess, tmp_path: Path) -> None:
+    """The LLM policy never raises (it holds), so only its ``last_failure`` lets the loop see the failures."""
+    before, audit_before = _limits(gw), len(gw.audit_log())
+    with ScriptedServer(default=Step(status=500)) as server:
+        policy = LLMPolicy(LLMConfig(base_url=server.base_url, timeout_s=10.0))
+        # deadlines only bound a hang: the scripted server answers at once
+        loop = ControlLoop(client(gw), policy, _spec(gw, 0.2), act_timeout_s=20.0, max_failures=3,
+                           fallback=make_controller("static"), log_path=tmp_path / "decisions.jsonl")
+        try:
+            stats = loop.run(steps=5)
+        finally:
+            loop.close()
+            policy.close()
+        calls = len(server.requests)
+    lines = [json.loads(x) for x in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    assert [x["outcome"] for x in lines] == ["held:policy:http_error"] * 2 + [
+        "held:policy:http_error;fallback", "unchanged", "unchanged"]
+    assert [x["policy"] for x in lines] == ["llm"] * 3 + ["static"] * 2
+    assert dict(stats.failures) == {"policy:http_error": 3} and stats.fallbacks == 1
+    assert lines[-1]["failures"] == {"policy:http_error": 3} and lines[0]["deltas"] is None
+    assert calls == 3 and dict(policy.stats.holds) == {"http_error": 3}  # one call per decision, then static
+    assert _limits(gw) == before and len(gw.audit_log()) == audit_before
+
+
+def test_admit_control_reports_an_llm_that_answers_garbage(gw: GatewayProcess, tmp_path: Path) -> None:
+    """`admit control --policy llm:URL`: the summary line and the decision log name ``policy:bad_response``."""
+    before = _limits(gw)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ADMIT_LLM_")}  # only the URL given here
+    env["ADMIT_ADMIN_TOKEN"] = ADMIN_TOKEN
+    with ScriptedServer(default=Step(raw_body=b"<html>proxy error</html>")) as server:
+        out = subprocess.run(
+            [str(Path(sys.executable).parent / "admit"), "control", "--gateway", gw.url, "--policy",
+             f"llm:{server.base_url}", "--interval", "200ms", "--scenario", "seed-paper", "--steps", "3",
+             "--max-failures", "2", "--log", str(tmp_path / "d.jsonl"), "--act-timeout", "20s"],
+            capture_output=True, text=True, env=env, timeout=90,
+        )
+        calls = len(server.requests)
+    assert out.returncode == 0, out.stderr
+    assert "decisions 3, applied 0, unchanged 1" in out.stdout
+    assert "failures {'policy:bad_response': 2}, fallbacks 1" in out.stdout
+    assert "could not decide: bad_response" in out.stderr  # the warning
+    lines = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert [x["outcome"] for x in lines] == ["held:policy:bad_response", "held:policy:bad_response;fallback",
+                                             "unchanged"]
+    assert calls == 2 and _limits(gw) == before
 
 
 def test_shadow_mode_changes_nothing(gw: GatewayProcess, tmp_path: Path) -> None:
