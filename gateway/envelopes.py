@@ -78,7 +78,8 @@ class EnvelopeBook:
         self._on_alert = on_alert
 
     def configure(self, tenant: str, cfg: EnvelopeConfig, now: float) -> EnvelopeConfig | None:
-        """Add or replace one envelope; returns the previous config. Replacing keeps the debt in time."""
+        """Add or replace one envelope; returns the previous config. Replacing keeps the debt in units
+        (capped to the new burst, gcra.py `Gcra.reconfigure`), so a raise applies at once."""
         envs = self._by_tenant.setdefault(tenant, {})
         old = envs.get(cfg.target)
         if old is None:

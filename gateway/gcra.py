@@ -8,6 +8,16 @@ redis-cell uses (its ``max_burst`` is our ``burst - 1``).
 
 A single spend larger than the burst could never pass; it is allowed when the bucket is full and leaves the
 bucket in debt, so the long-run rate still holds (``tau`` is taken as ``max(tau, qty * T)``).
+
+**Reconfiguring keeps the debt in units.** The debt of a bucket is the work admitted and not yet paid for by
+the refill: ``(tat - now) * rate`` units. New parameters keep that many units (capped at the new burst) and
+re-express them on the new rate, so ``remaining = new_burst - debt``: a raise frees its extra budget at once,
+a cut never leaves more than the new burst (nor more than was left, when the cut is of the burst), and the
+same parameters change nothing. The alternatives both fail an operator who raises an envelope to let a
+drained tenant through: kept *in time* (``tat`` unchanged, redis-cell's way), the same seconds of debt are
+more units at a higher rate, so a drained bucket stays empty after the raise; kept as the *used fraction*,
+a drained bucket is still 100 % used of the bigger burst. Both also rescale work already admitted into
+units it never cost. The cap bounds how long a cut stalls the tenant: at most one new burst's refill.
 """
 
 from __future__ import annotations
@@ -30,22 +40,31 @@ class Gcra:
     __slots__ = ("burst", "rate", "tat")
 
     def __init__(self, rate: float, burst: int, now: float) -> None:
-        self.rate = float(rate)
-        self.burst = int(burst)
+        self.rate, self.burst = self._checked(rate, burst)
         self.tat = now  # a full bucket
-        self._check()
 
-    def _check(self) -> None:
-        if not self.rate > 0:
-            raise ValueError(f"GCRA rate must be > 0, got {self.rate}")
-        if self.burst < 1:
-            raise ValueError(f"GCRA burst must be >= 1, got {self.burst}")
+    @staticmethod
+    def _checked(rate: float, burst: int) -> tuple[float, int]:
+        if not float(rate) > 0:
+            raise ValueError(f"GCRA rate must be > 0, got {rate}")
+        if int(burst) < 1:
+            raise ValueError(f"GCRA burst must be >= 1, got {burst}")
+        return float(rate), int(burst)
 
     def reconfigure(self, rate: float, burst: int, now: float) -> None:
-        """New parameters; the debt already incurred is kept in time, capped to the new burst."""
-        self.rate, self.burst = float(rate), int(burst)
-        self._check()
-        self.tat = min(max(self.tat, now), now + self.burst / self.rate)
+        """New parameters; the debt already incurred is kept in units, capped to the new burst.
+
+        ``debt = max(0, tat - now) * old_rate`` units become ``tat = now + min(debt, burst) / rate``: the
+        bucket then has ``burst - min(debt, burst)`` left, so a raise applies at once and a cut never hands
+        out more than its burst (see the module docstring for why units, not time or the used fraction).
+        Unchanged parameters leave the bucket exactly as it is (a debt beyond the burst included).
+        """
+        rate, burst = self._checked(rate, burst)
+        if rate == self.rate and burst == self.burst:
+            return
+        debt = max(0.0, self.tat - now) * self.rate
+        self.rate, self.burst = rate, burst
+        self.tat = now + min(debt, burst) / rate
 
     def _decide(self, qty: float, now: float) -> tuple[bool, float, float]:
         t = 1.0 / self.rate

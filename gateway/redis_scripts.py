@@ -181,10 +181,14 @@ return {charged, acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], n
 
 # KEYS: envelope config hash, requests bucket, tokens bucket, backoff key. ARGV: field (tenant/target), the
 # config as JSON ("" = remove the envelope), then rate and burst of the requests and the tokens bucket (0 =
-# the envelope has no such bucket). A new config keeps each bucket's debt in time, capped to one new burst
-# (gcra.py's reconfigure); a bucket the config drops, and a removed envelope's state, are deleted, so an
-# envelope added again starts full, as in process. A removal is kept as "null" so that a restarted replica
-# does not seed it again from its file. Returns the previous JSON ("" if none).
+# the envelope has no such bucket). A new config keeps each bucket's debt in units, capped to one new burst
+# (gcra.py's reconfigure: debt = ahead * old rate, tat = now + min(debt, burst) / rate), so a raise applies
+# at once and a cut never leaves more than its burst; the old rates (and bursts, for "unchanged") are read
+# from the old config JSON. A bucket whose old rate is unknown (no old config, "null", or one without that
+# unit) keeps its debt in time, capped to one new burst, as before. A bucket the config drops, and a removed
+# envelope's state, are deleted, so an envelope added again starts full, as in process. A removal is kept
+# as "null" so that a restarted replica does not seed it again from its file. Returns the previous JSON
+# ("" if none).
 SET_ENVELOPE = """
 local old = redis.call('HGET', KEYS[1], ARGV[1]) or ''
 if ARGV[2] == '' then
@@ -193,6 +197,14 @@ if ARGV[2] == '' then
   return old
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
+local prev = nil
+if old ~= '' and old ~= 'null' then
+  local ok, decoded = pcall(cjson.decode, old)
+  if ok and type(decoded) == 'table' then
+    prev = decoded
+  end
+end
+local names = {{'requests_per_s', 'request_burst'}, {'tokens_per_s', 'token_burst'}}
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1e6 + tonumber(t[2])
 for i = 1, 2 do
@@ -202,8 +214,18 @@ for i = 1, 2 do
     redis.call('DEL', KEYS[i + 1])
   else
     local v = redis.call('GET', KEYS[i + 1])
-    if v then
-      local tat = math.min(math.max(tonumber(v), now), now + burst * 1e6 / rate)
+    local tat = v and tonumber(v) or nil  -- nil: no bucket (full), or a value that is not a number
+    local orate = prev and tonumber(prev[names[i][1]])
+    local write = tat ~= nil
+    if write and orate and orate > 0 then
+      local oburst = tonumber(prev[names[i][2]]) or math.max(1, math.ceil(orate))
+      write = orate ~= rate or oburst ~= burst  -- the same parameters change nothing
+      local debt = math.max(0, tat - now) * orate / 1e6  -- units
+      tat = now + math.min(debt, burst) * 1e6 / rate
+    elseif write then
+      tat = math.min(math.max(tat, now), now + burst * 1e6 / rate)
+    end
+    if write then
       redis.call('SET', KEYS[i + 1], string.format('%.3f', tat), 'PX', math.ceil((tat - now) / 1000) + 1000)
     end
   end

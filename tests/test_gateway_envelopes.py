@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 import time
 from collections.abc import Iterator
 
@@ -43,15 +44,70 @@ def test_gcra_oversize_spend_passes_only_when_full_and_leaves_debt() -> None:
     assert not res.allowed and res.retry_after_s == pytest.approx(1.6)  # 2 s of debt minus the 0.5 s burst window
 
 
-def test_gcra_reconfigure_keeps_debt() -> None:
-    g = Gcra(rate=1.0, burst=2, now=0.0)
-    g.spend(2, 0.0)
-    g.reconfigure(rate=2.0, burst=4, now=0.0)
-    # the debt is kept in time (as redis-cell keeps TAT when a call brings new parameters): 2 s to refill
-    assert g.remaining(0.0) == pytest.approx(0.0)
-    assert g.remaining(0.5) == pytest.approx(1.0)
-    g.reconfigure(rate=10.0, burst=5, now=0.5)  # ... but never more than one new burst of it
-    assert g.remaining(1.0) == pytest.approx(5.0)
+def test_gcra_reconfigure_raise_frees_budget_at_once() -> None:
+    # the gateway test's 'rated' envelope, drained, then opened up: only the 2 units spent are kept as debt
+    g = Gcra(rate=0.5, burst=2, now=0.0)
+    assert g.spend(2, 0.0).allowed
+    g.reconfigure(rate=1000.0, burst=1000, now=0.0)
+    assert g.remaining(0.0) == pytest.approx(998)  # kept in time (4 s at 1000/s) it would be 0
+    assert g.spend(1, 0.0).allowed
+    # partly used: the debt in units (3), refilled at the new rate from there
+    g = Gcra(rate=1.0, burst=4, now=10.0)
+    g.spend(3, 10.0)
+    g.reconfigure(rate=2.0, burst=8, now=10.0)
+    assert g.remaining(10.0) == pytest.approx(5)  # the used fraction (3/4) would leave 2
+    assert g.remaining(11.0) == pytest.approx(7)
+    assert g.remaining(11.5) == pytest.approx(8)
+    # a raise of the rate alone keeps the units and refills faster
+    g = Gcra(rate=1.0, burst=4, now=0.0)
+    g.spend(4, 0.0)
+    g.reconfigure(rate=4.0, burst=4, now=1.0)  # 3 units of debt left after 1 s at the old rate
+    assert g.remaining(1.0) == pytest.approx(1)
+    assert g.remaining(1.5) == pytest.approx(3)
+
+
+def test_gcra_reconfigure_cut_never_exceeds_the_new_burst() -> None:
+    g = Gcra(rate=10.0, burst=100, now=0.0)
+    g.spend(30, 0.0)  # 70 left
+    g.reconfigure(rate=1.0, burst=50, now=0.0)
+    assert g.remaining(0.0) == pytest.approx(20)  # 50 - the 30 spent: not 50 (fresh), not 70 (what was left)
+    assert g.remaining(10.0) == pytest.approx(30)  # the new, slower refill
+    g.reconfigure(rate=1.0, burst=10, now=10.0)  # 20 units of debt, more than the new burst: capped to it
+    assert g.remaining(10.0) == pytest.approx(0)
+    assert not g.spend(1, 10.0).allowed
+    assert g.remaining(20.0) == pytest.approx(10)  # the cap bounds the stall to one new burst's refill
+    full = Gcra(rate=10.0, burst=100, now=0.0)
+    full.reconfigure(rate=10.0, burst=5, now=0.0)
+    assert full.remaining(0.0) == pytest.approx(5)
+    # both directions over many configurations: never more than the new burst; a raise of the burst adds
+    # exactly what it adds to what was left (when the debt was within the old burst); a cut of the burst
+    # never leaves more than was left
+    rng = random.Random(7)
+    for _ in range(2000):
+        rate, burst = rng.uniform(0.01, 100), rng.randint(1, 500)
+        g = Gcra(rate, burst, now=0.0)
+        g.spend(rng.uniform(0, 2 * burst), 0.0)  # up to an oversize spend's debt (allowed from full)
+        now = rng.uniform(0, 2 * burst / rate)
+        before = g.remaining(now)
+        new_rate, new_burst = rng.uniform(0.01, 100), rng.randint(1, 500)
+        g.reconfigure(new_rate, new_burst, now)
+        after = g.remaining(now)
+        assert 0 <= after <= new_burst + 1e-9
+        if new_burst >= burst and before > 0:
+            assert after == pytest.approx(before + new_burst - burst, abs=1e-6)
+        elif new_burst < burst:
+            assert after <= before + 1e-6
+
+
+def test_gcra_reconfigure_unchanged_changes_nothing() -> None:
+    g = Gcra(rate=10.0, burst=5, now=0.0)
+    g.spend(20, 0.0)  # an oversize spend: 20 units of debt, beyond the burst
+    tat = g.tat
+    g.reconfigure(rate=10.0, burst=5, now=0.5)
+    assert g.tat == tat  # not capped to one burst: the same parameters forgive nothing
+    with pytest.raises(ValueError):
+        g.reconfigure(rate=0.0, burst=5, now=0.5)
+    assert (g.rate, g.burst, g.tat) == (10.0, 5, tat)  # a refused change leaves the bucket as it was
 
 
 def test_book_checks_all_envelopes_before_charging_and_alerts_once() -> None:
@@ -130,7 +186,9 @@ def test_envelope_changed_through_admin_api_applies_at_once(gw: GatewayProcess) 
     status, body = gw.admin("PUT", "/admin/tenants/rated/envelopes/*",
                             {"requests_per_s": 1000, "request_burst": 1000, "reason": "open up"}, actor="ctl")
     assert status == 200, body
-    assert post(gw, "rated")[0] == 200
+    # the raise applies at once: the drained bucket (burst 2, 0.5/s) keeps its 2 units of debt, not its time
+    assert gw.state()["tenants"]["rated"]["envelopes"][0]["requests"]["remaining"] >= 997
+    assert [post(gw, "rated")[0] for _ in range(3)] == [200] * 3
     status, body = gw.admin("PUT", "/admin/tenants/rated/envelopes/*", {"requests_per_s": -1})
     assert status == 400 and "requests_per_s" in body["error"]["message"]
     audit = [x for x in gw.audit_log() if x["what"] == "envelope"]

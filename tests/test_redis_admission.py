@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from typing import Any
 
 import pytest
 import redis.asyncio as aioredis
@@ -147,3 +148,89 @@ def test_envelope_configs_in_redis_are_seeded_once_and_bad_values_are_ignored(
     assert rates == [5.0, 5.0] and targets == ["*"]
     warned = [m for m in caplog.messages if "not a valid config" in m]
     assert len(warned) == 2 and any("a/bad" in m for m in warned) and any("a/neg" in m for m in warned)
+
+
+def test_set_envelope_keeps_the_debt_in_units(rs: RedisServer) -> None:
+    """SET_ENVELOPE does what gcra.py's reconfigure does, on the shared buckets: the debt is kept in units
+    (the old rates read from the old config in Redis), capped to the new burst, so a raise frees budget at
+    once and a cut never leaves more than the new burst; the same config changes nothing; and a bucket whose
+    old rate is unknown keeps its debt in time (capped), as before."""
+    import json
+
+    from admit.gateway.config import EnvelopeConfig
+    from admit.gateway.redis_scripts import SET_ENVELOPE
+
+    cfg_key, req, tok, backoff = "admit:envelopes", "b:req", "b:tok", "b:backoff"
+
+    async def run() -> dict[str, Any]:
+        r = aioredis.Redis.from_url(rs.url, decode_responses=True)
+        gcra, setenv = r.register_script(GCRA), r.register_script(SET_ENVELOPE)
+
+        async def configure(field: str = "t/*", **env: Any) -> None:
+            cfg = EnvelopeConfig(**env)
+            rates = [cfg.requests_per_s or 0, cfg.request_burst_or_default if cfg.requests_per_s else 0,
+                     cfg.tokens_per_s or 0, cfg.token_burst_or_default if cfg.tokens_per_s else 0]
+            value = json.dumps(cfg.model_dump(), sort_keys=True, separators=(",", ":"))
+            await setenv(keys=[cfg_key, req, tok, backoff], args=[field, value, *rates])
+
+        async def spend(key: str, rate: float, burst: int, qty: float) -> None:
+            got = await gcra(keys=[key], args=["spend", 1, rate, burst, qty])
+            assert got[0] == 1, got
+
+        async def left(key: str, rate: float, burst: int) -> tuple[float, float]:
+            """(remaining, seconds since the last change at most): the refill since bounds the tolerance."""
+            got = await gcra(keys=[key], args=["read", 1, rate, burst, 0])
+            return burst - float(got[3]) * rate, time.monotonic()
+
+        out: dict[str, Any] = {}
+        # raise: drained 0.5 req/s burst 2 (the gateway test's envelope) and 60 of 100 tokens at 10/s
+        await configure(requests_per_s=0.5, request_burst=2, tokens_per_s=10, token_burst=100)
+        t0 = time.monotonic()
+        await spend(req, 0.5, 2, 2)
+        await spend(tok, 10, 100, 60)
+        await configure(requests_per_s=1000, request_burst=1000, tokens_per_s=100, token_burst=1000)
+        out["raise_req"] = (*await left(req, 1000, 1000), t0)
+        out["raise_tok"] = (*await left(tok, 100, 1000), t0)
+        out["raise_spend"] = await gcra(keys=[req], args=["spend", 1, 1000, 1000, 1])
+        # cut: 30 of 100 spent at 10/s, then burst 50 at 1/s, then burst 10 (less than the debt) at 1/s
+        await r.delete(req, tok)
+        await configure(requests_per_s=10, request_burst=100)
+        t0 = time.monotonic()
+        await spend(req, 10, 100, 30)
+        await configure(requests_per_s=1, request_burst=50)
+        out["cut"] = (*await left(req, 1, 50), t0)
+        t0 = time.monotonic()
+        await configure(requests_per_s=1, request_burst=10)
+        out["cut_below_debt"] = (*await left(req, 1, 10), t0)
+        # unchanged: an oversize spend's debt (20 units, burst 5) is not capped by the same config again
+        await r.delete(req)
+        await configure(requests_per_s=10, request_burst=5)
+        await spend(req, 10, 5, 20)
+        before = await r.get(req)
+        await configure(requests_per_s=10, request_burst=5)
+        out["unchanged"] = before, await r.get(req)
+        # no old config (the field is gone): the old rate is unknown, the debt is kept in time, capped
+        await r.delete(req)
+        await configure(field="u/*", requests_per_s=0.5, request_burst=2)
+        t0 = time.monotonic()
+        await spend(req, 0.5, 2, 2)
+        await r.hdel(cfg_key, "u/*")
+        await configure(field="u/*", requests_per_s=1000, request_burst=1000)
+        out["unknown"] = (*await left(req, 1000, 1000), t0)
+        await r.aclose()
+        return out
+
+    out = asyncio.run(run())
+
+    def near(name: str, expected: float, rate: float) -> None:
+        """``expected`` up to the refill since the spend (``rate``: the fastest of the old and new rates)."""
+        value, t1, t0 = out[name]
+        assert expected - 1e-3 <= value <= expected + rate * (t1 - t0) + 1e-3, (name, value, expected)
+
+    near("raise_req", 998, 1000)  # kept in time (4 s at 1000/s, capped to 1 s) it would be 0
+    near("raise_tok", 940, 100)  # the used fraction (60%) would leave 400
+    assert out["raise_spend"][0] == 1
+    near("cut", 20, 10)  # 50 - the 30 spent; never more than the new burst (nor the 70 left before)
+    near("cut_below_debt", 0, 1)  # 30 units of debt, capped to the new burst of 10
+    assert out["unchanged"][0] == out["unchanged"][1]
+    near("unknown", 0, 1000)
