@@ -28,6 +28,27 @@ state *down*, counts it, and probes every ``poll_s`` until a PING answers:
 Releases that fail are kept and sent again when Redis answers; then every lease still running here
 (including those admitted open during the outage) is written back, so the shared count is right again and
 the limit holds from there on. No slot leaks either way: a lease is released by its id, idempotently.
+
+**A script error is not an outage.** Only a failure to reach Redis marks it down: a connection error, a
+timeout, a server that is loading (``BusyLoadingError``), read-only, out of memory or busy with another
+script — every call would fail the same way. A script that the server ran and that failed on the keys or
+arguments of *this* call (a ``ResponseError`` such as ``WRONGTYPE``, or a Lua error on a stored value that
+is not what the scripts write) is a *script error*: counted (``script_errors`` in /admin/state's redis
+section, ``admit_gateway_redis_script_errors_total{script}``), logged once per (script, message), and it
+affects only the call that hit it; Redis stays up for every other tenant, and the aggregate reads (all
+tenants' leases, all envelopes' buckets) fall back to one call per tenant or envelope, so one broken key
+does not blind the others. (``NoScriptError`` is not one: redis-py reloads the script.) The request that hit
+it gets the failure mode's answer for itself alone:
+
+* ``closed`` — **500** ``admission-error``, without Retry-After. Not the outage's 503: nothing is
+  unavailable, and waiting does not help (the same state fails the same way until an operator fixes it);
+  a 500 is what it is, a fault on the gateway's side, and it keeps the outage's 503 and its
+  ``admission-unavailable`` counters meaning "Redis is unreachable". A request already queued gets the same
+  answer when its turn comes, instead of waiting out its TTL.
+* ``open`` — the local decision, as during an outage (the local limit, the envelope mirror).
+
+A lease whose script failed was not granted (the lease's ZADD is its script's last write), so it is only
+dropped here; a release or renewal that fails so is dropped too (the lease's TTL bounds what that leaves).
 """
 
 from __future__ import annotations
@@ -49,10 +70,46 @@ from admit.gateway.config import RedisConfig, TenantConfig
 from admit.gateway.redis_scripts import ACQUIRE, READ, RELEASE, RENEW, SET_LIMIT
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
-from redis.exceptions import RedisError
+from redis.exceptions import (
+    AskError,
+    ClusterError,
+    NoPermissionError,
+    NoScriptError,
+    OutOfMemoryError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
 
 log = logging.getLogger("admit.gateway.redis")
 _ERRORS = (RedisError, OSError, asyncio.TimeoutError)
+ADMISSION_ERROR = "admission-error"
+# error replies that are the server's state, not the call's: every call would get them (redis-py maps these
+# to their own classes; MISCONF, BUSY and the rest come as a plain ResponseError with the code first)
+_SERVER_STATE = (NoScriptError, OutOfMemoryError, ReadOnlyError, NoPermissionError, TryAgainError, AskError,
+                 ClusterError)
+_SERVER_STATE_CODES = ("MISCONF ", "BUSY ", "NOREPLICAS ")
+_LOGGED_MAX = 256  # distinct (script, message) pairs logged; past that script errors are only counted
+
+
+def is_script_error(exc: BaseException) -> bool:
+    """Redis answered, and the script (or a command it ran) failed on this call's keys or arguments: a
+    *script error*, not a sign that Redis is unreachable (module docstring)."""
+    return (
+        isinstance(exc, ResponseError)
+        and not isinstance(exc, _SERVER_STATE)
+        and not str(exc).startswith(_SERVER_STATE_CODES)
+    )
+
+
+class AdmissionError(Deferred):
+    """A request whose admission could not be decided because a Redis script failed on its tenant's state,
+    with ``failure_mode: closed``: 500 ``admission-error`` and no Retry-After (module docstring)."""
+
+    def __init__(self, detail: str) -> None:
+        super().__init__(ADMISSION_ERROR, 0.0, detail, status=500)
+        self.retry_after_s = None  # type: ignore[assignment]  # no Retry-After: waiting does not fix it
 
 
 @dataclass(slots=True)
@@ -70,6 +127,8 @@ class RedisStats:
     leases_expired: int = 0  # leases dropped by Redis because nobody renewed them (a replica died or stalled)
     leases_restored: int = 0  # leases of running requests written back after an outage or expiry
     releases_retried: int = 0  # releases that failed and were sent again after Redis returned
+    script_errors: int = 0  # calls that Redis answered with a script error (not outages; module docstring)
+    script_errors_by: dict[str, int] = field(default_factory=dict)  # per script (or command)
     fail_open_admitted: list[int] = field(default_factory=list)  # per tenant
     fail_closed_deferred: list[int] = field(default_factory=list)  # per tenant
 
@@ -93,7 +152,7 @@ class Attached(Protocol):
 
 
 class RedisAdmission(TenantSlots):
-    ERRORS = _ERRORS  # what counts as Redis being unreachable
+    ERRORS = _ERRORS  # what a Redis call may raise: unreachable (mark_down) or a script error (script_error)
 
     def __init__(self, tenants: Sequence[TenantConfig], cfg: RedisConfig, replica: str | None = None) -> None:
         super().__init__(tenants)
@@ -127,6 +186,7 @@ class RedisAdmission(TenantSlots):
         self._tasks: list[asyncio.Task[None]] = []
         self._bg: set[asyncio.Task[Any]] = set()
         self.attached: list[Attached] = []  # refreshed with the leases, recovered before they count as up
+        self._logged: set[tuple[str, str]] = set()  # (script, message) of the script errors logged so far
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -136,7 +196,7 @@ class RedisAdmission(TenantSlots):
                 await self.r.hsetnx(self._limits_key, name, lim)
             await self._refresh()
         except _ERRORS as exc:
-            self.mark_down(exc)
+            self.failed(exc, "start")
         self._tasks = [asyncio.ensure_future(self._pump(t)) for t in range(self.n_tenants)]
         self._tasks.append(asyncio.ensure_future(self._maintain()))
 
@@ -164,6 +224,33 @@ class RedisAdmission(TenantSlots):
             self.up = False
             self.stats.outages += 1
             log.warning("redis unreachable (%s): failing %s", type(exc).__name__, self.cfg.failure_mode)
+
+    def script_error(self, script: str, exc: BaseException, where: str = "") -> None:
+        """Count a script error (``is_script_error``) and log it once per (script, message); Redis stays up."""
+        s = self.stats
+        s.script_errors += 1
+        s.script_errors_by[script] = s.script_errors_by.get(script, 0) + 1
+        key = (script, str(exc))
+        if key not in self._logged and len(self._logged) < _LOGGED_MAX:
+            self._logged.add(key)
+            log.warning("redis script %s failed%s (a script error, not an outage: only this call is affected; "
+                        "counted, logged once): %s", script, f" for {where}" if where else "", exc)
+
+    def failed(self, exc: BaseException, script: str, where: str = "") -> bool:
+        """Account for a failed Redis call: a script error is counted (True); anything else marks Redis down
+        (False)."""
+        if is_script_error(exc):
+            self.script_error(script, exc, where)
+            return True
+        self.mark_down(exc)
+        return False
+
+    def admission_error(self, t: int, fresh: bool, what: str) -> RedisLease | None:
+        """The failure mode's answer to one request whose script failed: closed raises AdmissionError (500),
+        open decides locally, as during an outage (``_fallback``)."""
+        if self.cfg.failure_mode == "closed":
+            raise AdmissionError(f"{what} failed in Redis for tenant {self.names[t]} (a script error)")
+        return self._fallback(t, fresh)
 
     # ----------------------------------------------------------------- leases
     async def acquire(self, tenant: int, asked: bool = False) -> Lease:
@@ -215,6 +302,10 @@ class RedisAdmission(TenantSlots):
             self.forget(t, lid)
             raise
         except _ERRORS as exc:
+            if is_script_error(exc):  # it granted no lease (module docstring): nothing to release
+                self.live.pop(lid, None)
+                self.script_error("ACQUIRE", exc, f"tenant {self.names[t]}")
+                return self.admission_error(t, fresh, "the lease")
             self.forget(t, lid)
             self.mark_down(exc)
             return self._fallback(t, fresh)
@@ -291,8 +382,8 @@ class RedisAdmission(TenantSlots):
         try:
             await self._release(keys=[self._zkeys[t]], args=[lid])
         except _ERRORS as exc:
-            self.pending_release.append((t, lid))
-            self.mark_down(exc)
+            if not self.failed(exc, "RELEASE", f"tenant {self.names[t]}"):
+                self.pending_release.append((t, lid))  # a script error drops it: sending it again fails again
         else:
             self.shared[t] = max(0, self.shared[t] - 1)
         self._kick[t].set()
@@ -315,6 +406,12 @@ class RedisAdmission(TenantSlots):
                     continue
                 try:
                     lease = await self._try(t)
+                except AdmissionError as err:  # this head's answer (closed); the next one tries for itself
+                    if q and q[0] is w:
+                        q.popleft()
+                    if not w.fut.done():
+                        w.fut.set_exception(err)
+                    continue
                 except Deferred:
                     break
                 if lease is None:
@@ -338,7 +435,8 @@ class RedisAdmission(TenantSlots):
         try:
             await self._set_limit(keys=[self._limits_key], args=[self.names[t], value])
         except _ERRORS as exc:
-            self.mark_down(exc)  # stays dirty: written again when Redis is back
+            # stays dirty (in force here): written again when Redis is back, or with the next change
+            self.failed(exc, "SET_LIMIT", f"tenant {self.names[t]}")
             return
         if self.nominal[t] == value:
             self.dirty_limits.discard(t)
@@ -364,17 +462,22 @@ class RedisAdmission(TenantSlots):
                 for other in self.attached:
                     await other.refresh()
             except _ERRORS as exc:
-                self.mark_down(exc)
+                self.failed(exc, "upkeep")  # a script error here is one of the shared keys (limits, configs)
 
     async def _recover(self) -> None:
         pending, self.pending_release = self.pending_release, []
+        resent = 0
         for i, (t, lid) in enumerate(pending):
             try:
                 await self._release(keys=[self._zkeys[t]], args=[lid])
-            except _ERRORS:
+            except _ERRORS as exc:
+                if is_script_error(exc):  # dropped (module docstring); recovery goes on
+                    self.script_error("RELEASE", exc, f"tenant {self.names[t]}")
+                    continue
                 self.pending_release.extend(pending[i:])
                 raise
             self.stats.releases_retried += 1
+            resent += 1
         for t in list(self.dirty_limits):
             await self._push_limit(t)
         for other in self.attached:
@@ -388,7 +491,7 @@ class RedisAdmission(TenantSlots):
             self._spawn(self._release_remote(t, lid))
         self.pending_release = []
         self.stats.recoveries += 1
-        log.warning("redis reachable again: %d releases resent, leases renewed", len(pending))
+        log.warning("redis reachable again: %d releases resent, leases renewed", resent)
         for k in self._kick:
             k.set()
 
@@ -397,16 +500,42 @@ class RedisAdmission(TenantSlots):
         for lid, t in list(self.live.items()):
             by_tenant.setdefault(t, []).append(lid)
         for t, ids in by_tenant.items():
-            added = await self._renew(keys=[self._zkeys[t]], args=[self._ttl_ms, *ids])
+            try:
+                added = await self._renew(keys=[self._zkeys[t]], args=[self._ttl_ms, *ids])
+            except ResponseError as exc:
+                if not is_script_error(exc):
+                    raise
+                self.script_error("RENEW", exc, f"tenant {self.names[t]}")  # the other tenants' go on
+                continue
             self.stats.leases_restored += int(added)
 
     async def _refresh(self) -> None:
-        got = await self._read(keys=[*self._zkeys, self._limits_key], args=self.names)
-        vals = [int(x) for x in got]
+        """Read every tenant's shared holders and limit, in one call; after a script error, one call per
+        tenant, so that one tenant's broken key leaves the others' view fresh."""
+        try:
+            got = await self._read(keys=[*self._zkeys, self._limits_key], args=self.names)
+        except ResponseError as exc:
+            if not is_script_error(exc):
+                raise
+            self.script_error("READ", exc)
+            for t in range(self.n_tenants):
+                try:
+                    one = await self._read(keys=[self._zkeys[t], self._limits_key], args=[self.names[t]])
+                except ResponseError as exc_t:
+                    if not is_script_error(exc_t):
+                        raise
+                    self.script_error("READ", exc_t, f"tenant {self.names[t]}")
+                    continue
+                self._apply_read([t], [int(x) for x in one])
+            return
+        self._apply_read(range(self.n_tenants), [int(x) for x in got])
+
+    def _apply_read(self, tenants: Sequence[int], vals: list[int]) -> None:
+        """READ's answer ``{expired dropped, holders, limit, ...}`` for ``tenants``, in that order."""
         self.stats.leases_expired += vals[0]
-        for t in range(self.n_tenants):
-            self.shared[t] = vals[1 + 2 * t]
-            lim = vals[2 + 2 * t]
+        for i, t in enumerate(tenants):
+            self.shared[t] = vals[1 + 2 * i]
+            lim = vals[2 + 2 * i]
             if lim >= 0 and t not in self.dirty_limits and lim != self.nominal[t]:
                 self.nominal[t] = lim
                 self._kick[t].set()
@@ -456,6 +585,8 @@ class RedisAdmission(TenantSlots):
                 "leases_expired": s.leases_expired,
                 "leases_restored": s.leases_restored,
                 "releases_retried": s.releases_retried,
+                "script_errors": s.script_errors,
+                "script_errors_by_script": dict(s.script_errors_by),
                 "pending_releases": len(self.pending_release),
                 "leases_held": len(self.live),
                 **{k: v for other in self.attached for k, v in other.stats().items()},

@@ -29,6 +29,12 @@ applies here at once and is written when Redis answers again.
 
 A charge whose script times out may have run: it is not refunded (the tenant may lose one request's budget,
 never gain one). A refund that cannot reach Redis is dropped for the same reason.
+
+**A script error** (gateway/redis_admission.py: Redis answered, the script failed on this call's keys, e.g.
+a bucket key holding something the scripts never write) is not an outage: it is counted, Redis stays up,
+and only the request that hit it gets the failure mode's answer (closed: 500 ``admission-error``; open:
+the mirror's charge). The read of all buckets falls back to one call per envelope, so a broken key leaves
+the other envelopes' mirrors fresh.
 """
 
 from __future__ import annotations
@@ -37,16 +43,15 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred, Lease
 from admit.gateway.config import EnvelopeConfig, RedisConfig
 from admit.gateway.envelopes import AlertHook, Charge, Deferral, Envelope, EnvelopeBook
+from admit.gateway.redis_admission import AdmissionError, RedisAdmission, is_script_error
 from admit.gateway.redis_scripts import CHARGE_ACQUIRE, GCRA, SET_ENVELOPE
 from pydantic import ValidationError
-
-if TYPE_CHECKING:
-    from admit.gateway.redis_admission import RedisAdmission
+from redis.exceptions import ResponseError
 
 log = logging.getLogger("admit.gateway.redis")
 _FREE = Charge(())
@@ -112,7 +117,7 @@ class SharedEnvelopeBook(EnvelopeBook):
             try:
                 await self.refresh()
             except adm.ERRORS as exc:
-                adm.mark_down(exc)
+                adm.failed(exc, "attach")
 
     async def recover(self) -> None:
         """Redis answers again: write the changes made meanwhile (refresh then seeds anything it lost)."""
@@ -154,10 +159,27 @@ class SharedEnvelopeBook(EnvelopeBook):
             self.configs_applied += 1
 
     async def _read_buckets(self) -> None:
+        """Read every envelope's shared buckets and backoff, in one call; after a script error, one call per
+        envelope, so that one envelope's broken key leaves the others' mirrors fresh."""
         envs = [env for envs in self._by_tenant.values() for env in envs.values()]
-        if not envs:
-            self.read_at = self._clock()
-            return
+        if envs:
+            try:
+                await self._read_envs(envs)
+            except ResponseError as exc:
+                assert self._adm is not None
+                if not is_script_error(exc):
+                    raise
+                self._adm.script_error("GCRA", exc)
+                for env in envs:
+                    try:
+                        await self._read_envs([env])
+                    except ResponseError as exc_e:
+                        if not is_script_error(exc_e):
+                            raise
+                        self._adm.script_error("GCRA", exc_e, f"envelope {env.tenant}/{env.cfg.target}")
+        self.read_at = self._clock()
+
+    async def _read_envs(self, envs: list[Envelope]) -> None:
         items = [(env, unit) for env in envs for unit in env.buckets]
         keys = [self._bucket_key(env.tenant, env.cfg.target, unit) for env, unit in items]
         keys += [self._backoff_key(env.tenant, env.cfg.target) for env in envs]
@@ -167,7 +189,6 @@ class SharedEnvelopeBook(EnvelopeBook):
             args += [b.rate, b.burst, 0]
         got = await self._gcra(keys=keys, args=args)
         self._sync(items, envs, got)
-        self.read_at = self._clock()
 
     def _sync(self, items: list[tuple[Envelope, str]], envs: list[Envelope], got: list[Any]) -> None:
         """Set the mirror buckets (and backoffs) to what Redis answered, on this replica's clock."""
@@ -219,6 +240,12 @@ class SharedEnvelopeBook(EnvelopeBook):
         try:
             await self._set(keys=keys, args=[field, value, *rates])
         except adm.ERRORS as exc:
+            if is_script_error(exc):  # not written again (it would fail again): the next refresh takes Redis's
+                adm.script_error("SET_ENVELOPE", exc, f"envelope {field}")
+                if field in self._dirty and self._dirty[field] is cfg:
+                    del self._dirty[field]
+                    self._seen.pop(field, None)
+                return
             if raise_errors:
                 raise
             adm.mark_down(exc)  # stays dirty: written again when Redis is back
@@ -243,8 +270,8 @@ class SharedEnvelopeBook(EnvelopeBook):
         try:
             got = await self._gcra(keys=spend.keys, args=spend.args)
         except adm.ERRORS as exc:
-            adm.mark_down(exc)
-            return self._fallback(tenant, target, tokens)
+            script = adm.failed(exc, "GCRA", f"tenant {tenant}")
+            return self._fallback(tenant, target, tokens, script_error=script)
         return self._spent(spend, got)
 
     async def charge_and_acquire(self, t: int, target: str, tokens: int) -> ChargedLease:
@@ -279,6 +306,10 @@ class SharedEnvelopeBook(EnvelopeBook):
             adm.forget(t, lid)
             raise
         except adm.ERRORS as exc:
+            if is_script_error(exc):  # it took no lease (gateway/redis_admission.py): nothing to release
+                adm.live.pop(lid, None)
+                adm.script_error("CHARGE_ACQUIRE", exc, f"tenant {tenant}")
+                return self._fallback(tenant, target, tokens, script_error=True), None, False
             adm.mark_down(exc)  # first: the lease it may have granted is released when Redis is back
             adm.forget(t, lid)
             return self._fallback(tenant, target, tokens), None, False
@@ -324,10 +355,15 @@ class SharedEnvelopeBook(EnvelopeBook):
                 self._watch(env, unit, b, now)
         return SharedCharge(tuple((env, unit, q) for (env, unit), q in zip(items, spend.qtys, strict=True)))
 
-    def _fallback(self, tenant: str, target: str, tokens: int) -> Charge | Deferral:
+    def _fallback(self, tenant: str, target: str, tokens: int, script_error: bool = False) -> Charge | Deferral:
+        """The failure mode's answer while Redis is down, or (``script_error``) for this one request whose
+        script failed: closed defers (503 admission-unavailable, or 500 admission-error), open charges the
+        mirror."""
         adm = self._adm
         assert adm is not None
         if adm.cfg.failure_mode == "closed":
+            if script_error:
+                raise AdmissionError(f"the rate envelopes of tenant {tenant} failed in Redis (a script error)")
             adm.stats.fail_closed_deferred[adm.names.index(tenant)] += 1
             raise Deferred(
                 ADMISSION_UNAVAILABLE, adm.cfg.retry_after_s, "the shared rate envelopes are unreachable", status=503
@@ -358,7 +394,7 @@ class SharedEnvelopeBook(EnvelopeBook):
             got = await self._gcra(keys=keys, args=args)
         except adm.ERRORS as exc:
             self.refunds_dropped += 1
-            adm.mark_down(exc)
+            adm.failed(exc, "GCRA", f"a refund of tenant {charge.items[0][0].tenant}")
             return
         self._sync(items, [], got)
 

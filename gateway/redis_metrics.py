@@ -1,4 +1,5 @@
-"""Prometheus view of the Redis admission backend: reachability, fail-open/closed decisions, lease upkeep."""
+"""Prometheus view of the Redis admission backend: reachability, fail-open/closed decisions, lease upkeep,
+script errors (per script; they are not outages, gateway/redis_admission.py)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,9 @@ class RedisCollector(Collector):
         yield shared
         yield fo
         yield fc
+        se = CounterMetricFamily(PREFIX + "redis_script_errors",
+                                 "Redis calls answered with a script error (not outages: Redis stays up)",
+                                 labels=["script"])
+        for script, n in sorted(s.script_errors_by.items()):
+            se.add_metric([script], float(n))
+        yield se

@@ -379,3 +379,67 @@ def test_a_full_limit_queues_then_admits_and_an_expired_wait_is_refunded(
         assert g.state()["tenants"]["q"]["ttl_expired"] == 1
     finally:
         g.stop()
+
+
+def test_a_script_error_stays_with_the_tenant_that_hit_it(tmp_path: Path, mock: CountingMock, rs: RedisServer) -> None:
+    """One tenant's keys in Redis hold what the scripts never write (its envelope's bucket is a list, another
+    tenant's leases a string): its requests get 500 admission-error, every other tenant keeps getting 200s
+    (not 503), Redis is never counted down, the script errors are counted and logged once, and the other
+    envelopes' mirrors keep being read. Before, any script error marked Redis down and, failing closed,
+    every tenant got 503 admission-unavailable until the key was fixed."""
+    env = {"target": "*", "requests_per_s": 1000, "request_burst": 1000}
+    cfg = {
+        "redis": {"url": rs.url, "failure_mode": "closed", "lease_ttl_s": 30, "poll_s": 0.05, "timeout_s": 1},
+        "tenants": [
+            tenant_cfg("good", limit=8, envelopes=[env]),
+            tenant_cfg("bad", limit=8, envelopes=[env]),
+            tenant_cfg("badlease", limit=8),
+        ],
+    }
+    g = GatewayProcess(tmp_path, mock.url, cfg)
+    try:
+        with redis.Redis.from_url(rs.url, decode_responses=True) as r:
+            r.rpush("admit:gcra:bad/*:requests", "not a bucket")  # GET in the GCRA script: WRONGTYPE
+            r.set("admit:leases:badlease", "not a sorted set")  # ZREMRANGEBYSCORE in ACQUIRE: WRONGTYPE
+
+        async def run() -> dict[str, list[Answer]]:
+            out: dict[str, list[Answer]] = {"good": [], "bad": [], "badlease": []}
+            async with aiohttp.ClientSession() as s:
+                # one after another, so that the good tenant's requests span many refreshes (every 0.2 s)
+                t0 = time.monotonic()
+                while len(out["good"]) < 20 or time.monotonic() - t0 < 1.5:
+                    for tenant in out:
+                        out[tenant].append(await one(s, g.url, tenant))
+            return out
+
+        got = asyncio.run(run())
+        assert got["good"] == [(200, None)] * len(got["good"])
+        assert set(got["bad"]) == set(got["badlease"]) == {(500, "admission-error")}
+        st = g.state()["redis"]
+        assert st["up"] is True and st["outages"] == 0 and st["errors"] == 0
+        by = st["script_errors_by_script"]
+        assert by["CHARGE_ACQUIRE"] == len(got["bad"]) and by["ACQUIRE"] == len(got["badlease"])
+        assert by["READ"] >= 2 and by["GCRA"] >= 2  # the refreshes read each tenant and envelope alone
+        assert st["script_errors"] == sum(by.values())
+        text = g.metrics()
+        assert metric(text, "redis_script_errors_total", script="CHARGE_ACQUIRE") == len(got["bad"])
+        assert "admit_gateway_redis_outages_total 0.0" in text and "admit_gateway_redis_up 1.0" in text
+        log = g.stderr()
+        assert log.count("redis script CHARGE_ACQUIRE failed for tenant bad") == 1  # once per (script, message)
+        assert "redis unreachable" not in log
+        assert metric(text, "deferred_total", tenant="good", reason="admission-unavailable") == 0
+        assert metric(text, "deferred_total", tenant="bad", reason="admission-error") == len(got["bad"])
+        # the good tenant's mirror is still read from Redis (not only updated by its own charges): drain its
+        # shared bucket behind the gateway's back and the state shows it within a refresh
+        with redis.Redis.from_url(rs.url, decode_responses=True) as r:
+            tat_us = float(r.time()[0]) * 1e6 + 60e6  # 60 s ahead at 1000/s: 60,000 units of debt
+            r.set("admit:gcra:good/*:requests", f"{tat_us:.3f}", px=60_000)
+        wait_for(lambda: envelope(g, "good")["requests"]["remaining"] < 1, 10, "the good envelope read again")
+        with redis.Redis.from_url(rs.url) as r:  # the keys fixed: the tenants that hit them are served again
+            r.delete("admit:gcra:bad/*:requests", "admit:leases:badlease", "admit:gcra:good/*:requests")
+        assert asyncio.run(spread([g.url], 1, "bad")) == [(200, None)]
+        assert asyncio.run(spread([g.url], 1, "badlease")) == [(200, None)]
+        wait_for(lambda: leases(rs, ("good", "bad", "badlease")) == 0, 10, "no lease left")
+        assert g.state()["redis"]["outages"] == 0
+    finally:
+        g.stop()

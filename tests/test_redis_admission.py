@@ -234,3 +234,92 @@ def test_set_envelope_keeps_the_debt_in_units(rs: RedisServer) -> None:
     near("cut_below_debt", 0, 1)  # 30 units of debt, capped to the new burst of 10
     assert out["unchanged"][0] == out["unchanged"][1]
     near("unknown", 0, 1000)
+
+
+def test_script_errors_are_told_from_outages() -> None:
+    """What marks Redis down (every call would fail alike) and what is one call's script error."""
+    from admit.gateway.redis_admission import is_script_error
+    from redis.exceptions import (
+        BusyLoadingError,
+        NoScriptError,
+        OutOfMemoryError,
+        ReadOnlyError,
+        ResponseError,
+    )
+    from redis.exceptions import ConnectionError as RedisConnectionError
+    from redis.exceptions import TimeoutError as RedisTimeoutError
+
+    outages = [RedisConnectionError("refused"), RedisTimeoutError("timeout"), BusyLoadingError("loading"),
+               OSError("reset"), TimeoutError(), NoScriptError("no script"), ReadOnlyError("replica"),
+               OutOfMemoryError("command not allowed"), ResponseError("BUSY Redis is busy running a script"),
+               ResponseError("MISCONF Redis is configured to save RDB snapshots")]
+    scripts = [ResponseError("WRONGTYPE Operation against a key holding the wrong kind of value script: x"),
+               ResponseError("ERR user_script:12: attempt to compare nil with number script: x")]
+    assert [is_script_error(e) for e in outages] == [False] * len(outages)
+    assert [is_script_error(e) for e in scripts] == [True] * len(scripts)
+
+
+def test_a_broken_lease_key_answers_its_queued_request_and_blocks_no_recovery(rs: RedisServer) -> None:
+    """Tenant b's sorted set holds a string: its queued request gets 500 admission-error at once (not after
+    its TTL), tenant a is served and read as before, Redis is never counted down; and when Redis is killed
+    and comes back with that key still broken, recovery completes (b's renewal and pending release are
+    dropped and counted) instead of leaving Redis down for everyone."""
+    from admit.gateway.admission import Deferred
+    from admit.gateway.redis_admission import ADMISSION_ERROR, AdmissionError
+
+    tenants = [TenantConfig(name="a", limit=2, queue_ttl_s=20), TenantConfig(name="b", limit=1, queue_ttl_s=20)]
+    cfg = RedisConfig(url=rs.url, failure_mode="closed", poll_s=0.05, lease_ttl_s=30, timeout_s=1)
+
+    async def until(pred: Any, what: str, timeout: float = 10) -> None:
+        deadline = time.monotonic() + timeout
+        while not pred():
+            assert time.monotonic() < deadline, what
+            await asyncio.sleep(0.02)
+
+    async def run() -> None:
+        adm = RedisAdmission(tenants, cfg, "r1")
+        await adm.start()
+        r = aioredis.Redis.from_url(rs.url, decode_responses=True)
+        try:
+            held_a, held_b = await adm.acquire(0), await adm.acquire(1)
+            waiting = asyncio.ensure_future(adm.acquire(1))  # b's limit is 1: queued
+            await until(lambda: adm.queue_depth(1) == 1, "b's request queued")
+            await r.set("admit:leases:b", "not a sorted set")
+            t0 = time.monotonic()
+            adm.release(held_b)  # RELEASE fails (dropped), the queue's head tries and fails: its own answer
+            with pytest.raises(AdmissionError) as exc:
+                await asyncio.wait_for(waiting, 10)
+            assert time.monotonic() - t0 < 5  # not its 20 s TTL
+            assert isinstance(exc.value, Deferred) and exc.value.status == 500
+            assert exc.value.reason == ADMISSION_ERROR and exc.value.retry_after_s is None
+            with pytest.raises(AdmissionError):
+                await adm.acquire(1)
+            other = await adm.acquire(0)  # a is served, and its shared count read, as before
+            await until(lambda: adm.shared[0] == 2 and adm.stats.script_errors_by.get("READ", 0) >= 2,
+                        "a's leases read alone while b's key is broken")
+            adm.release(other)
+            assert adm.up and adm.stats.outages == 0 and adm.stats.errors == 0
+            by = adm.stats.script_errors_by
+            assert by["ACQUIRE"] == 2 and by["RELEASE"] == 1
+            assert adm.snapshot()["redis"]["script_errors"] == adm.stats.script_errors == sum(by.values())
+            # an outage with b's key still broken: b holds a lease again (written before the key broke)
+            await r.delete("admit:leases:b")
+            held_b = await adm.acquire(1)
+            await r.set("admit:leases:b", "not a sorted set")
+            rs.kill()
+            await until(lambda: not adm.up, "the outage seen")
+            adm.release(held_b)  # pending: sent again at recovery, where it fails on the broken key
+            assert len(adm.pending_release) == 1
+            rs.start()
+            await until(lambda: adm.up, "recovered with b's key broken", timeout=20)
+            assert adm.stats.outages == 1 and adm.stats.recoveries == 1 and not adm.pending_release
+            await r.aclose()
+            r = aioredis.Redis.from_url(rs.url, decode_responses=True)  # this one's socket died with the server
+            assert await r.zcard("admit:leases:a") == 1  # a's running lease written back
+            adm.release(held_a)
+            await until(lambda: adm.shared[0] == 0, "a's lease released")
+        finally:
+            await r.aclose()
+            await adm.close()
+
+    asyncio.run(run())

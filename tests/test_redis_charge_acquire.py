@@ -15,7 +15,7 @@ import redis
 from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred, Lease
 from admit.gateway.config import EnvelopeConfig, RedisConfig, TenantConfig
 from admit.gateway.envelopes import Charge, Deferral
-from admit.gateway.redis_admission import RedisAdmission, RedisLease
+from admit.gateway.redis_admission import ADMISSION_ERROR, AdmissionError, RedisAdmission, RedisLease
 from admit.gateway.redis_envelopes import SharedCharge, SharedEnvelopeBook
 from redis_helpers import RedisServer
 
@@ -232,3 +232,47 @@ def test_no_envelope_asks_redis_nothing_more(rs: RedisServer) -> None:
         assert isinstance(got, Charge) and not got.items and lease is None and not asked
 
     run(rs, body)
+
+
+def broken_bucket(url: str) -> None:
+    """Tenant a's envelope bucket holds a list: the GCRA in the combined script fails (WRONGTYPE)."""
+    with redis.Redis.from_url(url) as r:
+        r.delete("admit:gcra:a/*:requests")
+        r.rpush("admit:gcra:a/*:requests", "not a bucket")
+
+
+def test_a_script_error_fails_closed_for_that_request_alone(rs: RedisServer) -> None:
+    async def body(adm: RedisAdmission, book: SharedEnvelopeBook) -> None:
+        broken_bucket(rs.url)
+        with pytest.raises(AdmissionError) as exc:
+            await book.charge_and_acquire(0, "m", 10)
+        assert exc.value.status == 500 and exc.value.reason == ADMISSION_ERROR
+        assert adm.up and adm.stats.errors == 0 and adm.stats.outages == 0
+        assert adm.stats.script_errors_by == {"CHARGE_ACQUIRE": 1} and adm.stats.fail_closed_deferred == [0]
+        assert not adm.live and zcard(rs.url) == 0  # the script that failed took no lease
+        with pytest.raises(AdmissionError):  # still up: the next request asks Redis again, and fails alike
+            await book.charge_and_acquire(0, "m", 10)
+        assert adm.stats.script_errors == 2
+        with redis.Redis.from_url(rs.url) as r:
+            r.delete("admit:gcra:a/*:requests")
+        got, lease, _ = await book.charge_and_acquire(0, "m", 10)  # fixed: served from Redis again
+        assert isinstance(got, SharedCharge) and lease is not None
+        adm.release(lease)
+
+    run(rs, body, mode="closed", limit=3)
+
+
+def test_a_script_error_fails_open_for_that_request_alone(rs: RedisServer) -> None:
+    async def body(adm: RedisAdmission, book: SharedEnvelopeBook) -> None:
+        broken_bucket(rs.url)
+        got, lease, asked = await book.charge_and_acquire(0, "m", 10)
+        assert isinstance(got, Charge) and not isinstance(got, SharedCharge)  # charged on the mirror
+        assert lease is None and not asked and book.fail_open_charged == 1
+        assert remaining(book) == pytest.approx(2, abs=0.05)
+        assert adm.up and adm.stats.outages == 0 and adm.stats.script_errors_by == {"CHARGE_ACQUIRE": 1}
+        shared = await adm.acquire(0)  # the lease's own script is fine: a shared lease, not a local one
+        assert isinstance(shared, RedisLease) and zcard(rs.url) == 1 and adm.stats.fail_open_admitted == [0]
+        adm.release(shared)
+
+    run(rs, body, mode="open", limit=3)
+
