@@ -58,7 +58,8 @@ class Envelope:
 
 @dataclass(frozen=True)
 class Charge:
-    """What one admitted request spent, to give back if it never runs."""
+    """What one admitted request spent (envelope, unit, qty), to give back if it never runs or to settle
+    against its real usage when it ends."""
 
     items: tuple[tuple[Envelope, str, float], ...]
 
@@ -143,6 +144,24 @@ class EnvelopeBook:
     def refund(self, charge: Charge, now: float) -> None:
         for env, unit, qty in charge.items:
             env.buckets[unit].refund(qty, now)
+
+    def settle(self, charge: Charge, tokens_used: int, now: float) -> None:
+        """Reconcile a finished request's token charge with its real usage: every tokens bucket the charge
+        spent from is charged ``tokens_used`` minus what it was charged up front (``Gcra.force`` when more,
+        beyond the burst if need be, since the work already ran; ``Gcra.refund`` when fewer). Requests
+        buckets are untouched: a request is one request whatever it generated. ``tokens_used`` is in the
+        charge's units (prompt + generated tokens). Call it once per charge, after the request ended.
+        """
+        for env, unit, qty in charge.items:
+            diff = float(tokens_used) - qty
+            if unit != "tokens" or diff == 0:
+                continue
+            b = env.buckets[unit]
+            if diff > 0:
+                b.force(diff, now)
+            else:
+                b.refund(-diff, now)
+            self._watch(env, unit, b, now)
 
     def _watch(self, env: Envelope, unit: str, b: Gcra, now: float) -> None:
         frac = b.remaining(now) / b.burst

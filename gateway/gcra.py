@@ -7,7 +7,9 @@ now), spending ``qty`` units at ``now`` computes ``new_tat = max(tat, now) + qty
 redis-cell uses (its ``max_burst`` is our ``burst - 1``).
 
 A single spend larger than the burst could never pass; it is allowed when the bucket is full and leaves the
-bucket in debt, so the long-run rate still holds (``tau`` is taken as ``max(tau, qty * T)``).
+bucket in debt, so the long-run rate still holds (``tau`` is taken as ``max(tau, qty * T)``). ``force``
+charges regardless of the bucket (the real usage of a request that was charged an estimate up front, found
+when it ends); ``refund`` gives units back.
 
 **Reconfiguring keeps the debt in units.** The debt of a bucket is the work admitted and not yet paid for by
 the refill: ``(tat - now) * rate`` units. New parameters keep that many units (capped at the new burst) and
@@ -85,6 +87,12 @@ class Gcra:
         if res.allowed:
             self.tat = max(self.tat, now) + qty / self.rate
         return res
+
+    def force(self, qty: float, now: float) -> None:
+        """Charge ``qty`` units whatever the bucket holds: it may go into debt beyond the burst, and then the
+        next spends wait until the refill has paid it, so the long-run rate holds. For work that already ran
+        (a request's real usage beyond what it was charged up front), which cannot be deferred any more."""
+        self.tat = max(self.tat, now) + qty / self.rate
 
     def refund(self, qty: float, now: float) -> None:
         """Give back units that were spent for work that never ran (e.g. the request was deferred later)."""

@@ -30,6 +30,11 @@ applies here at once and is written when Redis answers again.
 A charge whose script times out may have run: it is not refunded (the tenant may lose one request's budget,
 never gain one). A refund that cannot reach Redis is dropped for the same reason.
 
+**Settling** (``settle``) charges a finished request's real token usage against what its charge took up
+front: the difference goes to the shared token buckets in one background script call (``GCRA`` mode
+"force", signed: more tokens than charged are forced in, beyond the burst if need be, fewer are refunded).
+A settle that cannot reach Redis is dropped and counted, like a refund.
+
 **A script error** (gateway/redis_admission.py: Redis answered, the script failed on this call's keys, e.g.
 a bucket key holding something the scripts never write) is not an outage: it is counted, Redis stays up,
 and only the request that hit it gets the failure mode's answer (closed: 500 ``admission-error``; open:
@@ -93,6 +98,8 @@ class SharedEnvelopeBook(EnvelopeBook):
         self.read_at = -1.0  # clock() of the last read of the shared bucket state
         self.fail_open_charged = 0  # charges made on the mirror while Redis was down
         self.refunds_dropped = 0
+        self.settled = 0  # settles written to Redis
+        self.settles_dropped = 0  # settles that could not be written (Redis down, or a script error)
         self.configs_applied = 0  # changes other replicas made, taken from Redis
 
     # ----------------------------------------------------------------- keys
@@ -398,6 +405,46 @@ class SharedEnvelopeBook(EnvelopeBook):
             return
         self._sync(items, [], got)
 
+    def settle(self, charge: Charge, tokens_used: int, now: float) -> None:
+        """``EnvelopeBook.settle`` on the shared buckets for a charge made in Redis (one background script
+        call, like a refund); a charge made on the mirror (failing open) is settled there."""
+        if not isinstance(charge, SharedCharge):
+            super().settle(charge, tokens_used, now)
+        elif any(unit == "tokens" and qty != tokens_used for _, unit, qty in charge.items):
+            self._spawn(self._settle_remote(charge, tokens_used))
+
+    async def _settle_remote(self, charge: SharedCharge, tokens_used: int) -> None:
+        adm = self._adm
+        assert adm is not None
+        items: list[tuple[Envelope, str]] = []
+        args: list[Any] = ["force", 0]
+        for env, unit, qty in charge.items:
+            b = env.buckets.get(unit)
+            if unit != "tokens" or b is None or qty == tokens_used:  # b None: the envelope dropped its tokens
+                continue
+            items.append((env, unit))
+            args += [b.rate, b.burst, float(tokens_used) - qty]  # signed: > 0 forced in, < 0 refunded
+        if not items:
+            return
+        args[1] = len(items)
+        if not adm.up:  # not worth a timeout: Redis's buckets are the truth again when it is back
+            self.settles_dropped += 1
+            return
+        keys = [self._bucket_key(env.tenant, env.cfg.target, unit) for env, unit in items]
+        try:
+            got = await self._gcra(keys=keys, args=args)
+        except adm.ERRORS as exc:
+            self.settles_dropped += 1
+            adm.failed(exc, "GCRA", f"a settle of tenant {items[0][0].tenant}")
+            return
+        self.settled += 1
+        self._sync(items, [], got)
+        now = self._clock()
+        for env, unit in items:
+            b = env.buckets.get(unit)
+            if b is not None:
+                self._watch(env, unit, b, now)
+
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
         self._bg.add(task)
@@ -412,4 +459,6 @@ class SharedEnvelopeBook(EnvelopeBook):
             "envelope_configs_taken": self.configs_applied,
             "envelope_fail_open_charged": self.fail_open_charged,
             "envelope_refunds_dropped": self.refunds_dropped,
+            "envelope_settled": self.settled,
+            "envelope_settles_dropped": self.settles_dropped,
         }

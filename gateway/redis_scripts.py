@@ -102,9 +102,11 @@ return out
 """
 
 # gcra(keys, argv, now us) with keys: n bucket keys, then one backoff key per envelope involved; argv: mode
-# ("spend" | "peek" | "refund" | "read"), n, then rate, burst, qty per bucket. "spend" charges every bucket or
-# none; when it defers, every backoff key is pushed to now + the wait (never earlier than it was). "read"
-# charges nothing and ignores qty.
+# ("spend" | "peek" | "refund" | "force" | "read"), n, then rate, burst, qty per bucket. "spend" charges every
+# bucket or none; when it defers, every backoff key is pushed to now + the wait (never earlier than it was).
+# "force" charges every bucket whatever it holds (max(tat, now) + qty * T, beyond the burst if need be: work
+# that already ran, gcra.py's force); its qty is signed, and a negative one is given back as "refund" does,
+# so a settle of either sign is one call. "read" charges nothing and ignores qty.
 # Returns {allowed 0|1, index of the bucket that defers (1-based, 0 if none), retry after s,
 #          per bucket: seconds its TAT is ahead of now (the debt; remaining = burst - ahead * rate),
 #          per backoff key: seconds of backoff left}.
@@ -123,8 +125,10 @@ local function gcra(keys, argv, now)
     local tat = v and tonumber(v) or now
     tats[i] = tat
     local T = 1e6 / rate
-    if mode == 'refund' then
-      new[i] = math.max(now, tat - qty * T)
+    if mode == 'refund' or (mode == 'force' and qty < 0) then
+      new[i] = math.max(now, tat - math.abs(qty) * T)
+    elseif mode == 'force' then
+      new[i] = math.max(tat, now) + qty * T
     elseif mode ~= 'read' then
       local tau = math.max(T * burst, qty * T)
       new[i] = math.max(tat, now) + qty * T
@@ -135,7 +139,7 @@ local function gcra(keys, argv, now)
     end
   end
   local allowed = worst < 0 and 1 or 0
-  local write = (allowed == 1 and mode == 'spend') or mode == 'refund'
+  local write = (allowed == 1 and mode == 'spend') or mode == 'refund' or mode == 'force'
   local out = {allowed, worst_i, string.format('%.6f', math.max(worst, 0) / 1e6)}
   for i = 1, n do
     local tat = tats[i]

@@ -110,6 +110,50 @@ def test_gcra_reconfigure_unchanged_changes_nothing() -> None:
     assert (g.rate, g.burst, g.tat) == (10.0, 5, tat)  # a refused change leaves the bucket as it was
 
 
+def test_gcra_force_goes_into_debt_and_the_rate_holds() -> None:
+    g = Gcra(rate=10.0, burst=20, now=0.0)
+    g.force(50, 0.0)  # beyond the burst: the work ran already
+    assert g.remaining(0.0) == 0
+    res = g.spend(1, 0.0)
+    assert not res.allowed and res.retry_after_s == pytest.approx(3.1)  # 50 - 20 + 1 units at 10/s
+    assert g.spend(1, 3.1).allowed
+    g.force(5, 100.0)  # on a full bucket it is a spend that cannot be refused
+    assert g.remaining(100.0) == pytest.approx(15)
+    g.refund(5, 100.0)
+    assert g.remaining(100.0) == pytest.approx(20)
+
+
+def test_book_settle_charges_the_real_tokens_and_leaves_requests() -> None:
+    alerts: list[tuple[str, str, str, float]] = []
+    book = EnvelopeBook(on_alert=lambda *a: alerts.append(a))
+    book.configure("t", EnvelopeConfig(target="*", requests_per_s=1, request_burst=10), 0.0)
+    book.configure("t", EnvelopeConfig(target="m", tokens_per_s=10, token_burst=100,
+                                       requests_per_s=1, request_burst=10), 0.0)
+    charge = book.charge("t", "m", 20, 0.0)
+    assert isinstance(charge, Charge)
+    env_any, env_m = book.envelopes("t")
+    book.settle(charge, 90, 0.0)  # 70 more than charged up front
+    assert env_m.buckets["tokens"].remaining(0.0) == pytest.approx(10)
+    assert env_m.buckets["requests"].remaining(0.0) == pytest.approx(9)  # one request, whatever it generated
+    assert env_any.buckets["requests"].remaining(0.0) == pytest.approx(9)
+    assert alerts == [("t", "m", "tokens", pytest.approx(0.1))]  # below alert_below (0.2) after the settle
+    big = book.charge("t", "m", 5, 0.0)
+    assert isinstance(big, Charge)
+    book.settle(big, 300, 0.0)  # far beyond the burst: forced, a debt the rate pays off
+    assert env_m.buckets["tokens"].remaining(0.0) == 0
+    denied = book.charge("t", "m", 1, 0.0)
+    assert isinstance(denied, Deferral) and denied.unit == "tokens"
+    # 90 spent by the first, 300 by the second, 1 more asked, against a burst of 100, at 10 tokens/s
+    assert denied.retry_after_s == pytest.approx((90 + 300 + 1 - 100) / 10)
+    refunded = EnvelopeBook()
+    refunded.configure("t", EnvelopeConfig(target="*", tokens_per_s=10, token_burst=100), 0.0)
+    c = refunded.charge("t", "m", 80, 0.0)
+    assert isinstance(c, Charge)
+    refunded.settle(c, 30, 0.0)  # fewer than charged: the difference comes back
+    assert refunded.envelopes("t")[0].buckets["tokens"].remaining(0.0) == pytest.approx(70)
+    refunded.settle(Charge(()), 1000, 0.0)  # a request no envelope charged: nothing to settle
+
+
 def test_book_checks_all_envelopes_before_charging_and_alerts_once() -> None:
     alerts: list[tuple[str, str, str, float]] = []
     book = EnvelopeBook(on_alert=lambda *a: alerts.append(a))

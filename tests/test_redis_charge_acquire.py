@@ -276,3 +276,62 @@ def test_a_script_error_fails_open_for_that_request_alone(rs: RedisServer) -> No
 
     run(rs, body, mode="open", limit=3)
 
+
+async def until(pred: Callable[[], Any], what: str, timeout: float = 10) -> None:
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.02)
+
+
+def test_settle_charges_the_real_tokens_in_the_shared_bucket(rs: RedisServer) -> None:
+    """A request charged 30 tokens up front that used 90: the 60 more go to Redis's token bucket (a later
+    charge defers, at another replica too), beyond the burst if need be; fewer tokens are given back; the
+    requests bucket is untouched; a settle that cannot reach Redis is dropped and counted."""
+
+    def left(book: SharedEnvelopeBook, target: str, unit: str) -> float:
+        env = next(e for e in book.envelopes("a") if e.cfg.target == target)
+        return env.buckets[unit].remaining(time.monotonic())
+
+    def tokens_left(book: SharedEnvelopeBook) -> float:
+        return left(book, "m", "tokens")
+
+    async def body(adm: RedisAdmission, book: SharedEnvelopeBook) -> None:
+        book.configure("a", EnvelopeConfig(target="m", tokens_per_s=1, token_burst=100), time.monotonic())
+        await until(lambda: book.stats()["envelope_configs_pending"] == 0, "the tokens envelope in Redis")
+        got, lease, _ = await book.charge_and_acquire(0, "m", 30)
+        assert isinstance(got, SharedCharge) and lease is not None
+        adm.release(lease)
+        book.settle(got, 90, time.monotonic())
+        await until(lambda: book.settled == 1, "the settle written")
+        assert tokens_left(book) == pytest.approx(10, abs=0.5)  # the mirror took Redis's answer
+        assert left(book, "*", "requests") == pytest.approx(2, abs=0.05)  # one request, whatever it generated
+        other_adm, other = await replica(rs, limit=3)  # another replica, reading Redis only
+        try:
+            denied = await other.charge_shared("a", "m", 20)
+            assert isinstance(denied, Deferral) and denied.unit == "tokens"
+            assert denied.retry_after_s == pytest.approx(90 + 20 - 100, abs=0.5)  # 10 tokens short at 1/s
+        finally:
+            await other_adm.close()
+        small = await book.charge_shared("a", "m", 5)
+        assert isinstance(small, SharedCharge)
+        book.settle(small, 300, time.monotonic())  # far beyond the burst: forced in
+        await until(lambda: book.settled == 2, "the second settle written")
+        assert tokens_left(book) == 0
+        denied = await book.charge_shared("a", "m", 1)
+        assert isinstance(denied, Deferral) and denied.retry_after_s == pytest.approx(90 + 300 + 1 - 100, abs=1)
+        with redis.Redis.from_url(rs.url) as r:  # a clean bucket for the other direction
+            r.delete("admit:gcra:a/m:tokens")
+        big = await book.charge_shared("a", "m", 80)
+        assert isinstance(big, SharedCharge)
+        book.settle(big, 30, time.monotonic())  # 50 fewer than charged: given back
+        await until(lambda: book.settled == 3, "the third settle written")
+        assert tokens_left(book) == pytest.approx(70, abs=0.5)
+        book.settle(big, 80, time.monotonic())  # exactly what was charged: nothing to send
+        rs.kill()
+        book.settle(small, 10, time.monotonic())
+        await until(lambda: book.settles_dropped == 1, "the settle dropped")
+        assert book.settled == 3 and not adm.up
+        assert book.stats()["envelope_settles_dropped"] == 1
+
+    run(rs, body, limit=3)
