@@ -29,7 +29,6 @@ old, new, reason.
 from __future__ import annotations
 
 import hmac
-import json
 import logging
 import re
 import time
@@ -37,7 +36,9 @@ from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
 from admit.gateway.asgi import HttpError, Receive, Scope, Send, bearer, header, read_body, send_error, send_json
-from admit.gateway.config import EnvelopeConfig
+from admit.gateway.body import BadBody, parse_json
+from admit.gateway.config import LIMIT_MAX, EnvelopeConfig
+from admit.gateway.guard import SCOPE_CLOSED
 from admit.gateway.telemetry import observation_json, spec_json
 from pydantic import ValidationError
 
@@ -51,8 +52,8 @@ _MAX_ADMIN_BODY = 64 * 1024
 
 def _int_field(body: dict[str, Any], key: str) -> int:
     v = body.get(key)
-    if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > 1_000_000:
-        raise HttpError(400, "bad-request", f"'{key}' must be an integer between 0 and 1000000")
+    if not isinstance(v, int) or isinstance(v, bool) or v < 0 or v > LIMIT_MAX:
+        raise HttpError(400, "bad-request", f"'{key}' must be an integer between 0 and {LIMIT_MAX}")
     return v
 
 
@@ -61,18 +62,26 @@ class AdminApi:
         self.gw = gw
         self._token = token.encode() if token else None
         self.version = 0
+        self._saved_version = 0
 
-    async def handle(self, scope: Scope, receive: Receive, send: Send) -> None:
+    async def handle(self, scope: Scope, receive: Receive, send: Send) -> tuple[int, str]:
+        """Answer one admin request; returns its status and outcome (the gateway logs the failed ones)."""
         try:
             self._authorize(scope)
             body = await self._body(scope, receive)
             answer = self._route(scope, body)
         except HttpError as err:
             await send_error(send, err)
-            return
+            return err.status, err.reason
         except ConnectionResetError:
-            return
+            closed = scope.get(SCOPE_CLOSED)
+            return (408, closed) if closed else (499, "client-disconnect")
+        except Exception as exc:  # a bug of ours: a JSON 500, and nothing half-applied is left unaudited
+            self.gw._bug(exc, scope["path"])
+            await send_error(send, HttpError(500, "gateway-error", "the admin API failed on this request"))
+            return 500, "gateway-error"
         await send_json(send, 200, answer)
+        return 200, "ok"
 
     def _authorize(self, scope: Scope) -> None:
         if self._token is None:
@@ -86,9 +95,9 @@ class AdminApi:
             return {}
         raw = await read_body(receive, scope, _MAX_ADMIN_BODY)
         try:
-            body = json.loads(raw or b"{}")
-        except (ValueError, UnicodeDecodeError):
-            raise HttpError(400, "bad-request", "the body is not valid JSON") from None
+            body = parse_json(raw or b"{}")
+        except BadBody as exc:
+            raise HttpError(400, "bad-request", str(exc)) from None
         if not isinstance(body, dict):
             raise HttpError(400, "bad-request", "the body must be a JSON object")
         return body
@@ -114,19 +123,27 @@ class AdminApi:
         if parts == ["spec"] and method == "GET":
             return spec_json(self.gw.telemetry.spec)
         if parts == ["limits"] and method == "PUT":
-            return self._set_limits(scope, body)
+            return self._saved(self._set_limits(scope, body))
         if len(parts) >= 2 and parts[0] == "tenants":
             i = self._tenant(parts[1])
             rest = parts[2:]
             if not rest and method == "GET":
                 return self.tenant_state(i)
             if rest == ["limit"] and method == "PUT":
-                return self._set_limits(scope, {"limits": {parts[1]: body.get("limit")}, "reason": body.get("reason")})
+                limits = {"limits": {parts[1]: body.get("limit")}, "reason": body.get("reason")}
+                return self._saved(self._set_limits(scope, limits))
             if rest == ["borrow"] and method == "PUT":
-                return self._set_borrow(scope, i, body)
+                return self._saved(self._set_borrow(scope, i, body))
             if len(rest) == 2 and rest[0] == "envelopes" and method in ("PUT", "DELETE"):
-                return self._envelope(scope, i, rest[1], body, method == "DELETE")
+                return self._saved(self._envelope(scope, i, rest[1], body, method == "DELETE"))
         raise HttpError(404, "not-found", "no such admin route")
+
+    def _saved(self, answer: dict[str, Any]) -> dict[str, Any]:
+        """After a change: the state file (if any) takes it before the answer goes out."""
+        if self.version != self._saved_version:
+            self._saved_version = self.version
+            self.gw.save_state()
+        return answer
 
     # ----------------------------------------------------------------- reads
     def tenant_state(self, i: int) -> dict[str, Any]:

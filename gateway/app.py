@@ -11,7 +11,17 @@ first try for the lease are one script, one round trip) → forward (503 ``no-ba
 when nothing answers) → stream the answer back. A task watches the client connection meanwhile; if the
 client goes away the request task is cancelled, which gives the lease back (or leaves the queue) and closes
 the upstream connection, so the backend stops working for nobody. Every request ends with one request-log
-line and one count in ``admit_gateway_requests_total``.
+line and one count in ``admit_gateway_requests_total`` — error paths included, each answered with a JSON
+body (a bug of ours is a JSON 500 ``gateway-error`` if the answer had not started). Lines of requests that
+name no tenant (401s, 404s) are rate-limited (``unauthenticated_log_per_s``); what is left out is counted.
+
+Below the app, gateway/guard.py bounds every connection (head size, head and body deadlines, idle time,
+count); its answers reach ``on_connection_event``, which counts and logs them like the app's own.
+
+A request's token envelopes are charged up front with an estimate (prompt + ``max_tokens`` x ``n``, see
+gateway/body.py) and settled with the backend's real usage when it ends (``EnvelopeBook.settle``), so a
+request without ``max_tokens`` cannot spend more than its envelope for long: the difference is charged
+(or given back) at once.
 """
 
 from __future__ import annotations
@@ -19,11 +29,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import hmac
 import json
 import logging
+import math
 import re
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from admit.gateway.admin import AdminApi
@@ -32,9 +46,12 @@ from admit.gateway.asgi import HttpError, Receive, Scope, Send, bearer, header, 
 from admit.gateway.body import BadBody, RequestInfo, parse_request
 from admit.gateway.config import GatewayConfig
 from admit.gateway.envelopes import Charge, Deferral, EnvelopeBook
+from admit.gateway.gcra import Gcra
+from admit.gateway.guard import SCOPE_CLOSED, Bounds
 from admit.gateway.jsonl import JsonlWriter
 from admit.gateway.local_admission import LocalAdmission
 from admit.gateway.metrics import GatewayMetrics
+from admit.gateway.state import SavedState, load_state, save_state
 from admit.gateway.telemetry import LiveTelemetry
 from admit.gateway.upstream import BackendBroken, BackendTimeout, NoBackend, Response, Upstream
 
@@ -69,6 +86,7 @@ class Record:
     e2e_s: float | None = None
     status: int = 0
     outcome: str = ""
+    started: bool = False  # the answer's status line has been sent
     finished: bool = False  # the last byte is being sent: a disconnect now is not the client's fault
     offered: bool = False  # counted as an arrival in the telemetry windows
     left: bool = False  # the client went away and the request's task was cancelled for it
@@ -131,6 +149,18 @@ class Gateway:
         self.admin = AdminApi(self, cfg.admin.resolve())
         self.telemetry = LiveTelemetry(cfg, backend_url)
         self.in_flight_requests = 0  # requests inside the proxy path right now (tests check it drains to 0)
+        self._metrics_token = cfg.metrics.resolve()
+        admin_token = cfg.admin.resolve()
+        self._metrics_tokens = [t.encode() for t in (self._metrics_token, admin_token) if t]
+        # request-log lines of requests that name no tenant: a bucket, so that nobody without a key can grow
+        # the log without bound; suppressed lines are counted, and the next line written says how many
+        rate = cfg.unauthenticated_log_per_s
+        self._anon_log = Gcra(rate, max(1, math.ceil(10 * rate)), self.clock()) if rate > 0 else None
+        self.anon_log_suppressed = 0  # since the last unauthenticated line written
+        self._errors_seen: set[str] = set()  # bugs whose traceback was logged once already
+        self.connection_bounds: Bounds | None = None  # set by the server (gateway/server.py)
+        self.open_connections: Callable[[], int] = lambda: 0  # the server's count, once it runs
+        self.metrics.gauge("connections", "client connections open", lambda: self.open_connections())
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set at start-up
 
     @property
@@ -152,9 +182,61 @@ class Gateway:
             self._admission = self.shared_admission = shared
         if self._admission is None:
             self._admission = LocalAdmission(self.cfg.tenants, self.cfg.capacity)
+            if self.cfg.state_file is not None:
+                self._restore_state(self.cfg.state_file)
         self._loop = asyncio.get_running_loop()
         await self.upstream.start()
         await self.telemetry.start()
+
+    def _restore_state(self, path: Path) -> None:
+        """Apply what the state file kept over the configuration (gateway/state.py)."""
+        saved = load_state(path)
+        if saved is None:
+            return
+        adm, now = self.admission, self.clock()
+        for kind, values in (("limits", saved.limits), ("borrow", saved.borrow)):
+            for name, v in values.items():
+                i = self.index.get(name)
+                if i is None:
+                    log.warning("state file %s: tenant %r is not configured any more; its %s is skipped",
+                                path, name, kind)
+                elif kind == "limits":
+                    adm.set_limit(i, v)
+                else:
+                    set_borrow = getattr(adm, "set_borrow", None)
+                    if set_borrow is not None and (v == 0 or self.cfg.capacity is not None):
+                        set_borrow(i, v)
+        for name, envs in saved.envelopes.items():
+            if name not in self.index:
+                log.warning("state file %s: tenant %r is not configured any more; its envelopes are skipped",
+                            path, name)
+                continue
+            keep = {e.target for e in envs}
+            for env in self.book.envelopes(name):
+                if env.cfg.target not in keep:
+                    self.book.remove(name, env.cfg.target)
+            for e in envs:
+                self.book.configure(name, e, now)
+        self.admin.version = self.admin._saved_version = saved.version
+        log.info("state file %s: restored version %d", path, saved.version)
+
+    def save_state(self) -> None:
+        """Write the run-time state to the state file, if there is one (after every admin change)."""
+        path = self.cfg.state_file
+        if path is None:
+            return
+        snap = self.admission.snapshot()["tenants"]
+        state = SavedState(
+            version=self.admin.version,
+            limits={n: int(st["limit"]) for n, st in snap.items()},
+            borrow={n: int(st.get("borrow", 0)) for n, st in snap.items()},
+            envelopes={n: [e.cfg for e in self.book.envelopes(n)] for n in self.names},
+        )
+        try:
+            save_state(path, state)
+        except OSError as exc:  # the change is in force; only its survival of a restart is at risk
+            self.metrics.errors.inc("StateFileError")
+            log.error("state file %s could not be written: %s", path, exc)
 
     async def shutdown(self) -> None:
         await self.telemetry.close()
@@ -186,24 +268,73 @@ class Gateway:
 
     async def _http(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope["path"]
-        method: str = scope["method"]
         chat = _COMPLETIONS.get(path)
-        if chat is not None:
+        if chat is not None:  # the hot path: its own handler answers every error of its own
             await self._completion(scope, receive, send, chat)
-        elif path == "/health" and method in ("GET", "HEAD"):
+            return
+        rec = Record(time.time(), self.clock(), path[:200])
+        try:
+            await self._other(scope, receive, send, rec)
+        except HttpError as err:
+            await self._fail(send, rec, err)
+        except ConnectionResetError:
+            closed = scope.get(SCOPE_CLOSED)
+            self._finish(rec, 408 if closed else 499, closed or "client-disconnect")
+        except Exception as exc:  # a bug of ours: a JSON 500 if nothing was sent yet, a log line either way
+            self._bug(exc, path)
+            if rec.started:
+                self._finish(rec, rec.status or 500, "gateway-error")
+            else:
+                await self._fail(send, rec, HttpError(500, "gateway-error", "the gateway failed on this request"))
+
+    async def _other(self, scope: Scope, receive: Receive, send: Send, rec: Record) -> None:
+        path: str = scope["path"]
+        method: str = scope["method"]
+        if path == "/health" and method in ("GET", "HEAD"):
+            rec.started = True
             await send_json(send, 200, {"status": "ok"})
         elif path == "/metrics" and method == "GET":
+            self._authorize_metrics(scope)
             body = self.metrics.render()
+            rec.started = True
             await send({"type": "http.response.start", "status": 200,
                         "headers": [(b"content-type", b"text/plain; version=0.0.4; charset=utf-8")]})
             await send({"type": "http.response.body", "body": body})
         elif path.startswith("/admin/") or path == "/admin":
-            await self.admin.handle(scope, receive, send)
+            rec.started = True  # the admin API answers for itself (JSON errors included)
+            status, reason = await self.admin.handle(scope, receive, send)
+            if status >= 400:  # a failed admin call gets a request-log line; the audit log has the changes
+                self._finish(rec, status, reason)
         elif path == "/v1/models":
-            await self._models(scope, send)
+            await self._models(scope, send, rec)
         else:
-            rec = Record(time.time(), self.clock(), path[:200])
-            await self._fail(send, rec, HttpError(404, "not-found", "no such route"))
+            raise HttpError(404, "not-found", "no such route")
+
+    def _authorize_metrics(self, scope: Scope) -> None:
+        if self._metrics_token is None:
+            return  # the documented default: open, like most Prometheus endpoints (docs/gateway.md)
+        given = bearer(scope) or b""
+        if not any(hmac.compare_digest(given, t) for t in self._metrics_tokens):
+            raise HttpError(401, "unauthorized", "a metrics or admin token is required (Authorization: Bearer ...)")
+
+    def _bug(self, exc: BaseException, where: str) -> None:
+        """Log a bug of ours: the traceback once per kind, a one-line warning afterwards."""
+        kind = f"{type(exc).__name__}: {str(exc)[:120]}"
+        self.metrics.errors.inc(type(exc).__name__)
+        if kind in self._errors_seen or len(self._errors_seen) >= 256:
+            log.warning("request on %s failed again: %s", where, kind)
+            return
+        self._errors_seen.add(kind)
+        log.error("request on %s failed", where, exc_info=exc)
+
+    def on_connection_event(self, event: str, status: int | None) -> None:
+        """A connection guard's event (gateway/guard.py): counted; one that answered a request is also a
+        request-log line and a count in ``admit_gateway_requests_total``, like the app's own answers."""
+        self.metrics.connection_events.inc(event)
+        if status is not None:
+            rec = Record(time.time(), self.clock(), "")
+            rec.started = rec.finished = True
+            self._finish(rec, status, event)
 
     # ----------------------------------------------------------------- identity
     def _identify(self, scope: Scope) -> int:
@@ -232,14 +363,15 @@ class Gateway:
             rec.tenant = self.names[tenant]
             raw = await read_body(receive, scope, self.cfg.max_body_bytes)
             try:
-                info = parse_request(raw, chat)
+                info = parse_request(raw, chat, self.cfg.default_output_tokens)
             except BadBody as exc:
                 raise HttpError(400, "bad-request", str(exc)) from None
         except HttpError as err:
             await self._fail(send, rec, err)
             return
-        except ConnectionResetError:
-            self._finish(rec, 499, "client-disconnect")
+        except ConnectionResetError:  # the client left while sending the body, or the guard's deadline closed it
+            closed = scope.get(SCOPE_CLOSED)
+            self._finish(rec, 408 if closed else 499, closed or "client-disconnect")
             return
         rec.model, rec.stream, rec.prompt_tokens = info.model, info.stream, info.prompt_tokens
         self.in_flight_requests += 1
@@ -259,8 +391,11 @@ class Gateway:
             task.uncancel()
             if not rec.outcome:
                 rec.outcome, rec.status = "client-disconnect", 499
-        except Exception:  # a bug of ours; the client gets no 500 of our making if the answer had started
-            log.exception("request of tenant %s failed", rec.tenant)
+        except Exception as exc:  # a bug of ours: a JSON 500 if the answer had not started, a log line either way
+            self._bug(exc, scope["path"])
+            if not rec.started and not rec.logged:
+                with contextlib.suppress(Exception):
+                    await self._fail(send, rec, HttpError(500, "gateway-error", "the gateway failed on this request"))
             rec.outcome, rec.status = rec.outcome or "gateway-error", rec.status or 500
         finally:
             watch.cancel()
@@ -298,11 +433,16 @@ class Gateway:
             raise
         rec.queue_wait_s = lease.waited_s
         self.metrics.admitted.inc(name)
+        ran: bool | None = None  # stays None when the client left: the charge up front stands
         try:
-            if not await self._forward(scope, send, raw, rec) and charge is not None:
-                self.book.refund(charge, self.clock())
+            ran = await self._forward(scope, send, raw, rec)
         finally:
             self.admission.release(lease)
+            if charge is not None and charge.items and ran is not None:
+                if not ran:
+                    self.book.refund(charge, self.clock())
+                else:  # what it really spent: the backend's usage, or the gateway's count of a stream's tokens
+                    self.book.settle(charge, rec.prompt_tokens + rec.output_tokens, self.clock())
 
     async def _forward(self, scope: Scope, send: Send, raw: bytes, rec: Record) -> bool:
         """Proxy one admitted request; False when it never reached the backend."""
@@ -323,6 +463,7 @@ class Gateway:
             if not rec.stream and resp.length is not None and resp.length <= _MAX_KEEP:
                 ok = await self._whole(send, resp, headers, rec)  # one write instead of a chunked stream
                 return True
+            rec.started = True
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             events = 0
             usage: dict[str, Any] | None = None
@@ -392,12 +533,12 @@ class Gateway:
         rec.finished = True
         self._finish(rec, rec.status, rec.outcome)
         headers.append((b"content-length", b"%d" % len(body)))
+        rec.started = True
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": body, "more_body": False})
         return True
 
-    async def _models(self, scope: Scope, send: Send) -> None:
-        rec = Record(time.time(), self.clock(), scope["path"])
+    async def _models(self, scope: Scope, send: Send, rec: Record) -> None:
         try:
             if scope["method"] != "GET":
                 raise HttpError(405, "method-not-allowed", "use GET")
@@ -425,6 +566,7 @@ class Gateway:
         headers = [(k, v) for k, v in resp.headers if k not in _HOP]
         headers.append((b"content-length", str(len(body)).encode()))
         self._finish(rec, resp.status, "ok" if resp.status < 400 else "backend-status")
+        rec.started = True
         await send({"type": "http.response.start", "status": resp.status, "headers": headers})
         await send({"type": "http.response.body", "body": body})
 
@@ -433,6 +575,7 @@ class Gateway:
         """Answer an error, its request-log line written first."""
         rec.status, rec.outcome, rec.finished = err.status, err.reason, True
         self._finish(rec, err.status, err.reason)
+        rec.started = True
         await send_error(send, err)
 
     def _finish(self, rec: Record, status: int, outcome: str) -> None:
@@ -458,7 +601,22 @@ class Gateway:
         if rec.offered and rec.tenant is not None:
             self.telemetry.finished(self.index[rec.tenant], outcome, rec.e2e_s, rec.ttft_s, rec.queue_wait_s)
         if self.request_log.path is not None:
-            self.request_log.write(rec.line())
+            if rec.tenant is not None:
+                self.request_log.write(rec.line())
+            else:
+                self._log_anonymous(rec)
+
+    def _log_anonymous(self, rec: Record) -> None:
+        """The line of a request that named no tenant, if the bucket allows it (module docstring)."""
+        if self._anon_log is not None and self._anon_log.spend(1, self.clock()).allowed:
+            line = rec.line()
+            if self.anon_log_suppressed:
+                line["suppressed_before"] = self.anon_log_suppressed
+                self.anon_log_suppressed = 0
+            self.request_log.write(line)
+        else:
+            self.anon_log_suppressed += 1
+            self.metrics.log_suppressed.inc()
 
     def _on_alert(self, tenant: str, target: str, unit: str, frac: float) -> None:
         self.metrics.alerts.inc(tenant, target, unit)

@@ -1,10 +1,12 @@
 """What the gateway needs from an OpenAI request body: a light validation and a token estimate.
 
 The body is forwarded unchanged; the gateway only reads the fields that admission needs (``model`` for the
-envelope target, ``stream``, ``max_tokens`` and the prompt size for the token envelope) and rejects bodies
-a backend would choke on with a 400 that names the field. Prompt tokens are estimated as UTF-8 bytes / 4
-(token id lists count exactly); the estimate only sizes the token envelope, the request log prefers the
-backend's own ``usage`` counts.
+envelope target, ``stream``, ``max_tokens``, ``n`` and the prompt size for the token envelope) and rejects
+bodies a backend would choke on with a 400 that names the field. JSON nested deeper than ``MAX_JSON_DEPTH``
+is refused too (no OpenAI request needs it, and Python's parser would otherwise recurse until it fails).
+Prompt tokens are estimated as UTF-8 bytes / 4 (token id lists count exactly); the estimate only sizes the
+token envelope's charge up front (with ``max_tokens``, or the gateway's ``default_output_tokens`` when the
+body has none, times ``n``), which the gateway reconciles with the backend's ``usage`` when the request ends.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 BYTES_PER_TOKEN = 4
+MAX_JSON_DEPTH = 64  # arrays and objects inside each other; an OpenAI chat body needs about 5
+MAX_CHOICES = 128  # the largest ``n`` accepted
 
 
 class BadBody(ValueError):
@@ -24,12 +28,43 @@ class BadBody(ValueError):
 class RequestInfo:
     model: str
     stream: bool
-    max_tokens: int
+    max_tokens: int  # as the body gives it, or the gateway's default_output_tokens when it gives none
     prompt_tokens: int
+    n: int = 1  # choices asked for
 
     @property
     def cost_tokens(self) -> int:
-        return self.prompt_tokens + self.max_tokens
+        """What the token envelopes are charged up front: the prompt and the most output the body allows."""
+        return self.prompt_tokens + self.max_tokens * self.n
+
+
+def _depth(obj: Any, limit: int) -> bool:
+    """Whether ``obj`` nests arrays/objects at most ``limit`` deep (iterative: no recursion of our own)."""
+    stack = [(obj, 1)]
+    while stack:
+        node, d = stack.pop()
+        if d > limit:
+            return False
+        children = node.values() if isinstance(node, dict) else node
+        stack.extend((c, d + 1) for c in children if isinstance(c, (dict, list)))
+    return True
+
+
+def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
+    """``json.loads`` with a depth limit; a body that is not JSON or nests deeper raises `BadBody`.
+
+    The depth is only walked when the body has more brackets than the limit (a body with fewer cannot nest
+    deeper), so an ordinary request pays one ``bytes.count`` pair.
+    """
+    try:
+        obj = json.loads(raw)
+    except RecursionError:
+        raise BadBody(f"the body nests arrays/objects deeper than {max_depth} levels") from None
+    except (ValueError, UnicodeDecodeError):
+        raise BadBody("the body is not valid JSON") from None
+    if isinstance(obj, (dict, list)) and raw.count(b"[") + raw.count(b"{") > max_depth and not _depth(obj, max_depth):
+        raise BadBody(f"the body nests arrays/objects deeper than {max_depth} levels")
+    return obj
 
 
 def _text_tokens(text: str) -> int:
@@ -74,11 +109,8 @@ def _message_tokens(messages: Any) -> int:
     return total
 
 
-def parse_request(raw: bytes, chat: bool) -> RequestInfo:
-    try:
-        body = json.loads(raw)
-    except (ValueError, UnicodeDecodeError):
-        raise BadBody("the body is not valid JSON") from None
+def parse_request(raw: bytes, chat: bool, default_output_tokens: int = 16) -> RequestInfo:
+    body = parse_json(raw)
     if not isinstance(body, dict):
         raise BadBody("the body must be a JSON object")
     model = body.get("model")
@@ -91,11 +123,16 @@ def parse_request(raw: bytes, chat: bool) -> RequestInfo:
         raise BadBody("'stream' must be true or false")
     mt = body.get("max_completion_tokens") if body.get("max_tokens") is None else body.get("max_tokens")
     if mt is None:
-        mt = 16
-    if not isinstance(mt, int) or isinstance(mt, bool) or not 1 <= mt <= 1_000_000:
+        mt = default_output_tokens
+    elif not isinstance(mt, int) or isinstance(mt, bool) or not 1 <= mt <= 1_000_000:
         raise BadBody("'max_tokens' must be an integer between 1 and 1000000")
+    n = body.get("n")
+    if n is None:
+        n = 1
+    elif not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
+        raise BadBody(f"'n' must be an integer between 1 and {MAX_CHOICES}")
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise BadBody("'stream_options' must be an object")
     prompt = _message_tokens(body.get("messages")) if chat else _prompt_tokens(body.get("prompt"))
-    return RequestInfo(model, stream, mt, prompt)
+    return RequestInfo(model, stream, mt, prompt, n)

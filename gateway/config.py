@@ -43,7 +43,20 @@ class ConfigError(ValueError):
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # no NaN or infinity anywhere: such a value would reach the request path (or Redis) as an error, and
+    # strict JSON parsers reject it in /admin/state and the audit log
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+
+# The documented range of every envelope value (docs/gateway.md). The bounds keep the GCRA arithmetic finite
+# in Python and in Redis's Lua (the emission interval 1/rate and the window burst/rate are both bounded):
+# the slowest envelope is one request every ~2.8 hours, the fastest a million requests or a billion tokens
+# a second.
+REQUESTS_PER_S = (1e-4, 1e6)
+TOKENS_PER_S = (1e-3, 1e9)
+REQUEST_BURST_MAX = 1_000_000
+LIMIT_MAX = 1_000_000  # a tenant's concurrency limit, queue and borrow (also what the admin API accepts)
+TOKEN_BURST_MAX = 1_000_000_000
 
 
 class EnvelopeConfig(_Strict):
@@ -53,12 +66,13 @@ class EnvelopeConfig(_Strict):
     ``*_burst`` how many units may be spent at once. Leave a pair out to not limit that unit.
     """
 
-    target: str = ENVELOPE_TARGET_ANY
-    requests_per_s: float | None = Field(default=None, gt=0)
-    request_burst: int | None = Field(default=None, ge=1)
-    tokens_per_s: float | None = Field(default=None, gt=0)
-    token_burst: int | None = Field(default=None, ge=1)
-    alert_below: float = Field(default=0.2, ge=0, le=1)
+    target: str = Field(default=ENVELOPE_TARGET_ANY, min_length=1, max_length=256)
+    # strict: numbers only (no true, no "5"), so that what the admin API takes is what was meant
+    requests_per_s: float | None = Field(default=None, ge=REQUESTS_PER_S[0], le=REQUESTS_PER_S[1], strict=True)
+    request_burst: int | None = Field(default=None, ge=1, le=REQUEST_BURST_MAX, strict=True)
+    tokens_per_s: float | None = Field(default=None, ge=TOKENS_PER_S[0], le=TOKENS_PER_S[1], strict=True)
+    token_burst: int | None = Field(default=None, ge=1, le=TOKEN_BURST_MAX, strict=True)
+    alert_below: float = Field(default=0.2, ge=0, le=1, strict=True)
 
     @model_validator(mode="after")
     def _pairs(self) -> EnvelopeConfig:
@@ -82,12 +96,12 @@ class EnvelopeConfig(_Strict):
 class TenantConfig(_Strict):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     api_keys: tuple[str, ...] = ()
-    limit: int = Field(default=4, ge=0)
-    max_queue: int = Field(default=64, ge=0)
-    queue_ttl_s: float = Field(default=30.0, gt=0)
-    priority: int = 0
-    weight: float = Field(default=1.0, gt=0)
-    borrow: int = Field(default=0, ge=0)
+    limit: int = Field(default=4, ge=0, le=LIMIT_MAX)
+    max_queue: int = Field(default=64, ge=0, le=LIMIT_MAX)
+    queue_ttl_s: float = Field(default=30.0, gt=0, le=86_400)
+    priority: int = Field(default=0, ge=-1000, le=1000)
+    weight: float = Field(default=1.0, gt=0, le=1e6)
+    borrow: int = Field(default=0, ge=0, le=LIMIT_MAX)
     envelopes: tuple[EnvelopeConfig, ...] = ()
     slo_e2e_p99_s: float | None = Field(default=None, gt=0)  # objectives the Observation carries (none = NO_SLO)
     slo_ttft_p99_s: float | None = Field(default=None, gt=0)
@@ -154,6 +168,40 @@ class TelemetryConfig(_Strict):
     nvml: bool = True
 
 
+class ConnectionsConfig(_Strict):
+    """Bounds on every client connection, enforced below the ASGI app (gateway/guard.py, docs/gateway.md).
+
+    ``max_connections`` (default: from the process's open-file limit, leaving room for the backend pool,
+    Redis and logs) caps open client connections; past it the oldest idle keep-alive connection is closed
+    to make room, and only when none is idle is the new one answered 503 ``too-many-connections``.
+    """
+
+    max_connections: int | None = Field(default=None, ge=1, le=1_000_000)
+    max_head_bytes: int = Field(default=32 * 1024, ge=1024, le=1 << 20)  # request line + headers: 431 past it
+    head_timeout_s: float = Field(default=10.0, gt=0, le=3600)  # first byte of a head -> its end: 408 past it
+    body_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # end of the head -> end of the body: 408
+    idle_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # a connection with no request in progress
+
+
+class MetricsConfig(_Strict):
+    """Who may read ``GET /metrics``. Default: anyone who can reach the port (what Prometheus scrapers
+    expect; bind the gateway to a private address). With a token, a scrape needs ``Authorization: Bearer``
+    with it (or with the admin token)."""
+
+    token: str | None = Field(default=None, min_length=16)
+    token_env: str | None = None
+
+    def resolve(self) -> str | None:
+        if self.token_env:
+            value = os.environ.get(self.token_env)
+            if not value:
+                raise ConfigError(f"metrics.token_env: environment variable {self.token_env} is not set")
+            if len(value) < 16:
+                raise ConfigError(f"metrics.token_env: the token in {self.token_env} needs at least 16 characters")
+            return value
+        return self.token
+
+
 class ControlConfig(_Strict):
     """Bounds a control loop started with ``--spec gateway`` uses (its ControlSpec's Limits and interval)."""
 
@@ -167,12 +215,21 @@ class GatewayConfig(_Strict):
     auth: AuthConfig = AuthConfig()
     admin: AdminConfig = AdminConfig()
     capacity: int | None = Field(default=None, ge=1)
-    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
+    # the output tokens a request without max_tokens is charged up front (per choice); the token envelopes
+    # are reconciled with the backend's real usage when the request ends
+    default_output_tokens: int = Field(default=256, ge=1, le=1_000_000)
     backend_timeout_s: float = Field(default=600.0, gt=0)
     no_backend_retry_after_s: float = Field(default=1.0, ge=0)
     request_log: Path | None = None
+    # lines a second (burst 10x) for requests that name no tenant (401s, 404s); the rest are counted only
+    unauthenticated_log_per_s: float = Field(default=10.0, ge=0, le=1e6)
     audit_log: Path | None = None
+    # limits, borrow and envelopes set at run time survive a restart of an in-process gateway (gateway/state.py)
+    state_file: Path | None = None
     redis: RedisConfig | None = None
+    connections: ConnectionsConfig = ConnectionsConfig()
+    metrics: MetricsConfig = MetricsConfig()
     telemetry: TelemetryConfig = TelemetryConfig()
     control: ControlConfig = ControlConfig()
     tenants: tuple[TenantConfig, ...] = Field(min_length=1)
@@ -194,6 +251,8 @@ class GatewayConfig(_Strict):
             raise ValueError("borrow needs a global 'capacity' to borrow from")
         if self.redis is not None and self.capacity is not None:
             raise ValueError("capacity (work-conserving sharing) is in-process only; it cannot be used with redis")
+        if self.redis is not None and self.state_file is not None:
+            raise ValueError("state_file is for an in-process gateway; with redis the run-time state lives in Redis")
         return self
 
     def key_index(self) -> dict[bytes, int]:
@@ -232,6 +291,7 @@ def parse_config(data: Any, source: str = "config") -> GatewayConfig:
     except ValidationError as err:
         raise ConfigError(_explain(err, source)) from None
     cfg.admin.resolve()
+    cfg.metrics.resolve()
     return cfg
 
 

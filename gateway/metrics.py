@@ -117,6 +117,15 @@ class Histograms(Collector):
         yield fam
 
 
+class _Gauges(Collector):
+    def __init__(self) -> None:
+        self.items: list[tuple[str, str, Callable[[], float]]] = []
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        for name, doc, read in self.items:
+            yield GaugeMetricFamily(name, doc, value=float(read()))
+
+
 class GatewayMetrics:
     def __init__(self, snapshot: Callable[[], dict[str, Any]], book: EnvelopeBook, clock: Callable[[], float]) -> None:
         self.registry = CollectorRegistry(auto_describe=False)
@@ -125,12 +134,27 @@ class GatewayMetrics:
         self.admitted = Counts(PREFIX + "admitted", "requests sent to the backend", ["tenant"], r)
         self.deferred = Counts(PREFIX + "deferred", "requests answered 429, by reason", ["tenant", "reason"], r)
         self.alerts = Counts(PREFIX + "envelope_alerts", "an envelope fell below its alert threshold", _ENV_LABELS, r)
+        self.connection_events = Counts(
+            PREFIX + "connection_events",
+            "connection guard events: head-too-large, head-timeout, body-timeout, idle-timeout, evicted-idle, "
+            "too-many-connections, bad-http (gateway/guard.py)", ["event"], r)
+        self.errors = Counts(PREFIX + "errors", "requests that hit a bug of the gateway, by exception type",
+                             ["type"], r)
+        self.log_suppressed = Counts(
+            PREFIX + "request_log_suppressed", "request-log lines of unauthenticated requests left out (rate limit)",
+            [], r)
         self.queue_wait = Histograms(PREFIX + "queue_wait_seconds", "time in the tenant's queue", LATENCY_BUCKETS, r)
         self.ttft = Histograms(PREFIX + "ttft_seconds", "arrival to first byte of the answer", LATENCY_BUCKETS, r)
         self.e2e = Histograms(PREFIX + "e2e_seconds", "arrival to the end of the answer", LATENCY_BUCKETS, r)
         self.ntpot = Histograms(PREFIX + "ntpot_seconds", "end-to-end time / output tokens", NTPOT_BUCKETS, r)
         r.register(_StateCollector(snapshot, book, clock))
+        self._gauges = _Gauges()
+        r.register(self._gauges)
         self.started = time.time()
+
+    def gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
+        """A gauge without labels read at scrape time."""
+        self._gauges.items.append((PREFIX + name, doc, read))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import math
 import os
 import select
 import signal
@@ -29,6 +30,7 @@ from types import FrameType
 
 import uvicorn
 from admit.gateway.app import Gateway
+from admit.gateway.guard import Bounds, default_max_connections, guarded_protocol, raise_open_file_limit
 
 
 def bind(host: str, port: int) -> socket.socket:
@@ -41,22 +43,39 @@ def bind(host: str, port: int) -> socket.socket:
     return sock
 
 
+def bounds_of(app: Gateway) -> Bounds:
+    """The connection bounds of the gateway's ``connections:`` section (gateway/guard.py)."""
+    c = app.cfg.connections
+    return Bounds(
+        max_connections=c.max_connections if c.max_connections is not None else default_max_connections(),
+        max_head_bytes=c.max_head_bytes,
+        head_timeout_s=c.head_timeout_s,
+        body_timeout_s=c.body_timeout_s,
+        idle_timeout_s=c.idle_timeout_s,
+    )
+
+
 async def serve(app: Gateway, sock: socket.socket, announce: bool = True,
                 ready: Callable[[], None] | None = None) -> None:
+    bounds = bounds_of(app)
+    app.connection_bounds = bounds
     config = uvicorn.Config(
         app,
         loop="none",
-        http="httptools",
+        # httptools' parser under a guard that bounds every connection (head size, deadlines, idle, count)
+        http=guarded_protocol(bounds, app.on_connection_event),
+        ws="none",
         lifespan="on",
         access_log=False,
         log_level="warning",
         server_header=False,
         date_header=False,
         backlog=4096,
-        timeout_keep_alive=30,
+        timeout_keep_alive=max(1, math.ceil(bounds.idle_timeout_s)),  # the guard sets the exact value
         proxy_headers=False,  # the gateway never reads the client address; the middleware costs every request
     )
     server = uvicorn.Server(config)
+    app.open_connections = lambda: len(server.server_state.connections)
 
     async def tell() -> None:
         while not server.started:
@@ -79,6 +98,7 @@ async def serve(app: Gateway, sock: socket.socket, announce: bool = True,
 def run(app: Gateway, host: str, port: int) -> None:
     import uvloop
 
+    raise_open_file_limit()
     sock = bind(host, port)
     quiet_gc()
     uvloop.run(serve(app, sock))
@@ -114,6 +134,7 @@ def run_workers(make_app: Callable[[], Gateway], host: str, port: int, workers: 
     """``workers`` processes serving one port through SO_REUSEPORT; returns the exit status (see module doc)."""
     import uvloop
 
+    raise_open_file_limit()
     hold = _reuseport(host, port, listen=False)
     port = hold.getsockname()[1]
     ready_r, ready_w = os.pipe()

@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -213,7 +214,8 @@ class MockProcess:
 
 
 class GatewayProcess:
-    def __init__(self, tmp: Path, backend: str, config: dict[str, Any], wait: bool = True) -> None:
+    def __init__(self, tmp: Path, backend: str, config: dict[str, Any], wait: bool = True,
+                 max_open_files: int | None = None) -> None:
         cfg = {"admin": {"token_env": "ADMIT_TEST_ADMIN_TOKEN"}, "request_log": str(tmp / "requests.jsonl"),
                "audit_log": str(tmp / "audit.jsonl"), **config}
         self.request_log_path = Path(cfg["request_log"])
@@ -223,9 +225,13 @@ class GatewayProcess:
         env = {**os.environ, "ADMIT_TEST_ADMIN_TOKEN": ADMIN_TOKEN}
         self.stderr_path = tmp / "gateway.stderr"
         self._stderr = self.stderr_path.open("w")
+        def limit_files() -> None:  # in the child, before exec: soft and hard, so the gateway cannot raise it
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
+
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "admit.gateway", "--backend", backend, "--config", str(path), "--port", "0"],
             stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,
+            preexec_fn=limit_files if max_open_files is not None else None,
         )
         self.url = ""
         if wait:
@@ -257,8 +263,16 @@ class GatewayProcess:
         assert status == 200, body
         return body
 
-    def metrics(self) -> str:
-        return http("GET", self.url + "/metrics")[2].decode()
+    def metrics(self, token: str | None = None) -> str:
+        headers = {"Authorization": f"Bearer {token}"} if token else None
+        return http("GET", self.url + "/metrics", headers=headers)[2].decode()
+
+    def rss_bytes(self) -> int:
+        """The gateway process's resident memory now (Linux /proc)."""
+        for line in Path(f"/proc/{self.proc.pid}/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1]) * 1024
+        raise AssertionError("no VmRSS in /proc status")
 
     def request_log(self) -> list[dict[str, Any]]:
         if not self.request_log_path.exists():

@@ -1,0 +1,237 @@
+"""Bounds on every client connection, below the ASGI app: head size, head and body deadlines, idle time, count.
+
+uvicorn's httptools protocol buffers a request head of any size (one 256 MB header grew the gateway by
+half a gigabyte), has no deadline for a head or a body, and keeps a connection that never sends a byte
+open for ever. `guarded_protocol` returns a subclass of that protocol which adds, per connection:
+
+* **head size** — bytes of a request head (request line + headers) are counted as they arrive; past
+  ``max_head_bytes`` the connection is answered ``431 head-too-large`` and closed before the parser buffers
+  more. The count starts at 0 at the end of each message; a pipelined head that starts inside the same read
+  as the previous message's end is counted from the next read, so it may reach twice the bound (memory
+  stays bounded);
+* **head deadline** — from the first byte of a head to its end, ``head_timeout_s``: ``408 head-timeout``;
+* **body deadline** — from the end of the head to the end of the body, ``body_timeout_s``. If the app has
+  not answered yet, the guard answers ``408 body-timeout`` and marks the request's scope (``SCOPE_CLOSED``)
+  so that the app, whose body read then ends, logs it as such; if it has, the connection is just closed;
+* **idle time** — a connection with no request in progress is closed after ``idle_timeout_s``, from its
+  opening (before its first request) as after each answer (keep-alive);
+* **connection count** — at ``max_connections`` open connections, a new one first closes the connection that
+  has been idle longest (as nginx reuses keep-alive connections when it runs out); only when none is idle is
+  the new one answered ``503 too-many-connections`` and closed, so its file descriptor is free at once.
+
+Every answer here is the gateway's JSON error shape (gateway/asgi.py), parser errors included (uvicorn
+answers those in plain text), and every event reaches ``on_event(event, status)``, which the gateway counts
+and logs. The per-request cost is two timers armed and cancelled (docs/BENCHMARKS.md, "Connection guards").
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import resource
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+# set in a request's ASGI scope when the guard answered it (or closed it) while the app was reading its body
+SCOPE_CLOSED = "admit.closed_by_guard"
+
+EventHook = Callable[[str, int | None], None]  # (event, status answered or None)
+
+
+@dataclass(frozen=True)
+class Bounds:
+    max_connections: int
+    max_head_bytes: int
+    head_timeout_s: float
+    body_timeout_s: float
+    idle_timeout_s: float
+
+
+def default_max_connections() -> int:
+    """Client connections allowed by default: what the open-file limit leaves after the backend's connections
+    (one per admitted request at most), Redis, logs and the event loop's own descriptors."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return 1_000_000
+    return max(16, min(soft // 2, soft - 128))
+
+
+def raise_open_file_limit() -> int:
+    """Raise the soft open-file limit to the hard one (as Go's runtime and nginx's worker_rlimit_nofile do);
+    returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != soft:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):  # pragma: no cover - a platform that refuses; keep what we have
+            pass
+    return soft
+
+
+def error_response(status: int, reason: str, message: str) -> bytes:
+    """A complete HTTP/1.1 answer in the gateway's JSON error shape that closes the connection."""
+    body = json.dumps({"error": {"message": message, "type": "invalid_request_error" if status < 500 else
+                                 "service_unavailable", "code": reason}, "reason": reason},
+                      separators=(",", ":")).encode()
+    return b"".join([
+        STATUS_LINE[status],
+        b"content-type: application/json\r\n",
+        b"x-admit-reason: ", reason.encode(), b"\r\n",
+        b"content-length: ", str(len(body)).encode(), b"\r\n",
+        b"connection: close\r\n\r\n",
+        body,
+    ])
+
+
+_HEAD_TOO_LARGE = "head-too-large"
+_HEAD_TIMEOUT = "head-timeout"
+_BODY_TIMEOUT = "body-timeout"
+_TOO_MANY = "too-many-connections"
+_BAD_HTTP = "bad-http"
+
+
+def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProtocol]:
+    """uvicorn's httptools protocol with the bounds of the module docstring (pass it as ``Config(http=...)``)."""
+
+    class GuardedProtocol(HttpToolsProtocol):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, **kwargs)
+            self.timeout_keep_alive = bounds.idle_timeout_s
+            # per connection: bytes of the head being read, whether a head is being read, heads read so far,
+            # the deadline armed, when it last became idle (loop time), whether it was refused at the door
+            self._head_bytes = 0
+            self._in_head = True
+            self._heads = 0
+            self._deadline: asyncio.TimerHandle | None = None
+            self._idle_since = self.loop.time()
+            self._refused = False
+
+        # ------------------------------------------------------------- opening and closing
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            full = len(self.connections) >= bounds.max_connections and not _evict_idle(self.connections)
+            super().connection_made(transport)
+            if full:
+                self._refused = True
+                self._answer(503, _TOO_MANY, "the gateway has as many client connections as it allows; retry later")
+                return
+            # idle before the first request: uvicorn arms this timer only after an answer
+            self.timeout_keep_alive_task = self.loop.call_later(bounds.idle_timeout_s, self.timeout_keep_alive_handler)
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _answer(self, status: int, reason: str, message: str, app_logs: bool = False) -> None:
+            """Write a JSON error and close; ``app_logs``: the request reached the app, which writes its line."""
+            on_event(reason, None if app_logs else status)
+            if not self.transport.is_closing():
+                self.transport.write(error_response(status, reason, message))
+                self.transport.close()
+
+        def _idle(self) -> bool:
+            return (self._in_head and self._head_bytes == 0 and not self._refused and not self.pipeline
+                    and (self.cycle is None or self.cycle.response_complete))
+
+        # ------------------------------------------------------------- bytes in
+        def data_received(self, data: bytes) -> None:
+            if not self._in_head:
+                super().data_received(data)
+                return
+            room = bounds.max_head_bytes - self._head_bytes
+            if len(data) <= room:
+                self._head_bytes += len(data)
+                super().data_received(data)
+                return
+            # more than the head may still take: feed what fits; if the head ends inside it, the rest is body
+            self._head_bytes = bounds.max_head_bytes
+            heads = self._heads
+            super().data_received(data[:room])
+            if self.transport.is_closing():
+                return
+            if self._heads == heads:  # the head that did not fit has not ended
+                self._disarm()
+                self._answer(431, _HEAD_TOO_LARGE, f"the request head is larger than {bounds.max_head_bytes} bytes")
+                return
+            self.data_received(data[room:])
+
+        def send_400_response(self, msg: str) -> None:
+            self._disarm()
+            self._answer(400, _BAD_HTTP, "the request is not valid HTTP/1.1")
+
+        # ------------------------------------------------------------- parser callbacks
+        def on_message_begin(self) -> None:
+            super().on_message_begin()
+            self._arm(bounds.head_timeout_s, self._head_expired)
+
+        def on_headers_complete(self) -> None:
+            self._in_head = False
+            self._heads += 1
+            self._arm(bounds.body_timeout_s, self._body_expired)
+            super().on_headers_complete()
+
+        def on_message_complete(self) -> None:
+            self._disarm()
+            self._in_head = True
+            self._head_bytes = 0
+            super().on_message_complete()
+
+        def on_response_complete(self) -> None:
+            self._idle_since = self.loop.time()
+            super().on_response_complete()
+
+        # ------------------------------------------------------------- deadlines
+        def _arm(self, seconds: float, then: Callable[[], None]) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+            self._deadline = self.loop.call_later(seconds, then)
+
+        def _disarm(self) -> None:
+            if self._deadline is not None:
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _head_expired(self) -> None:
+            self._deadline = None
+            if self.cycle is None or self.cycle.response_complete:
+                self._answer(408, _HEAD_TIMEOUT, f"the request head took longer than {bounds.head_timeout_s:g} s")
+            else:  # an answer to an earlier (pipelined) request is still being sent: no room for ours
+                on_event(_HEAD_TIMEOUT, None)
+                self.transport.close()
+
+        def _body_expired(self) -> None:
+            self._deadline = None
+            cycle = self.cycle
+            if cycle is not None and not cycle.response_started:
+                cycle.scope[SCOPE_CLOSED] = _BODY_TIMEOUT  # type: ignore[literal-required]
+                cycle.disconnected = True  # the app's body read ends; nothing it sends goes out any more
+                cycle.message_event.set()
+                self._answer(408, _BODY_TIMEOUT, f"the request body took longer than {bounds.body_timeout_s:g} s",
+                             app_logs=True)
+            else:
+                on_event(_BODY_TIMEOUT, None)
+                self.transport.close()
+
+        def timeout_keep_alive_handler(self) -> None:
+            if not self.transport.is_closing():
+                on_event("idle-timeout", None)
+            super().timeout_keep_alive_handler()
+
+    def _evict_idle(connections: set[Any]) -> bool:
+        """Close the connection idle longest; False when none is idle."""
+        oldest, since = None, math.inf
+        for c in connections:
+            if isinstance(c, GuardedProtocol) and c._idle() and c._idle_since < since:
+                oldest, since = c, c._idle_since
+        if oldest is None:
+            return False
+        on_event("evicted-idle", None)
+        oldest.connections.discard(oldest)  # counted as gone now; the transport closes on the next loop turn
+        oldest.transport.close()
+        return True
+
+    return GuardedProtocol
