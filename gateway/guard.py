@@ -21,7 +21,8 @@ open for ever. `guarded_protocol` returns a subclass of that protocol which adds
 
 Every answer here is the gateway's JSON error shape (gateway/asgi.py), parser errors included (uvicorn
 answers those in plain text), and every event reaches ``on_event(event, status)``, which the gateway counts
-and logs. The per-request cost is two timers armed and cancelled (docs/BENCHMARKS.md, "Connection guards").
+and logs. A deadline timer is armed only when a read leaves a head or a body incomplete, so a request that
+arrives in one read (most do) costs a few attribute checks (docs/BENCHMARKS.md, "Connection guards").
 """
 
 from __future__ import annotations
@@ -107,6 +108,8 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             self._head_bytes = 0
             self._in_head = True
             self._heads = 0
+            self._phase = 0  # of the message being read: 0 none, 1 its head, 2 its body
+            self._armed = 0  # the phase the deadline armed covers (0: none armed)
             self._deadline: asyncio.TimerHandle | None = None
             self._idle_since = self.loop.time()
             self._refused = False
@@ -139,6 +142,18 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
 
         # ------------------------------------------------------------- bytes in
         def data_received(self, data: bytes) -> None:
+            self._feed(data)
+            # a deadline only for a head or body still incomplete after this read: a request that arrives in
+            # one read (most do) arms no timer at all
+            if self._phase != self._armed and not self.transport.is_closing():
+                self._disarm()
+                if self._phase == 1:
+                    self._deadline = self.loop.call_later(bounds.head_timeout_s, self._head_expired)
+                elif self._phase == 2:
+                    self._deadline = self.loop.call_later(bounds.body_timeout_s, self._body_expired)
+                self._armed = self._phase
+
+        def _feed(self, data: bytes) -> None:
             if not self._in_head:
                 super().data_received(data)
                 return
@@ -157,7 +172,7 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
                 self._disarm()
                 self._answer(431, _HEAD_TOO_LARGE, f"the request head is larger than {bounds.max_head_bytes} bytes")
                 return
-            self.data_received(data[room:])
+            self._feed(data[room:])
 
         def send_400_response(self, msg: str) -> None:
             self._disarm()
@@ -166,18 +181,19 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
         # ------------------------------------------------------------- parser callbacks
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm(bounds.head_timeout_s, self._head_expired)
+            self._phase = 1
 
         def on_headers_complete(self) -> None:
             self._in_head = False
             self._heads += 1
-            self._arm(bounds.body_timeout_s, self._body_expired)
+            self._phase = 2
             super().on_headers_complete()
 
         def on_message_complete(self) -> None:
             self._disarm()
             self._in_head = True
             self._head_bytes = 0
+            self._phase = 0
             super().on_message_complete()
 
         def on_response_complete(self) -> None:
@@ -185,18 +201,15 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             super().on_response_complete()
 
         # ------------------------------------------------------------- deadlines
-        def _arm(self, seconds: float, then: Callable[[], None]) -> None:
-            if self._deadline is not None:
-                self._deadline.cancel()
-            self._deadline = self.loop.call_later(seconds, then)
-
         def _disarm(self) -> None:
+            self._armed = 0
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
 
         def _head_expired(self) -> None:
             self._deadline = None
+            self._armed = 0
             if self.cycle is None or self.cycle.response_complete:
                 self._answer(408, _HEAD_TIMEOUT, f"the request head took longer than {bounds.head_timeout_s:g} s")
             else:  # an answer to an earlier (pipelined) request is still being sent: no room for ours
@@ -205,6 +218,7 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
 
         def _body_expired(self) -> None:
             self._deadline = None
+            self._armed = 0
             cycle = self.cycle
             if cycle is not None and not cycle.response_started:
                 cycle.scope[SCOPE_CLOSED] = _BODY_TIMEOUT  # type: ignore[literal-required]
