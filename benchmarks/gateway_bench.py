@@ -42,11 +42,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from admit.gateway.stack import Stack, poll
+from admit.live.stack import Stack, poll
 
 KEY = "sk-bench-tenant-key"
 SHAPES = {"plain": (16, False), "stream": (16, True)}  # output tokens, streamed
-PACKAGES = ("core", "envs", "controllers", "agents", "train", "loadgen", "gateway", "emulator")
+PACKAGES = ("core", "envs", "controllers", "agents", "train", "loadgen", "gateway", "emulator", "live", "engine",
+            "evaluate")
 # runs `python -m admit.gateway` with the `admit` package of another directory first on the path
 LAUNCH = ("import runpy, sys; sys.path.insert(0, sys.argv.pop(1)); "
           "runpy.run_module('admit.gateway', run_name='__main__', alter_sys=True)")
@@ -101,12 +102,15 @@ def baseline_tree(rev: str, dest: Path) -> Path:
     root = Path(__file__).resolve().parent.parent
     src = dest / "src"
     src.mkdir(parents=True)
-    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "admit", *PACKAGES], check=True,
+    tree = subprocess.run(["git", "-C", str(root), "ls-tree", "--name-only", rev], check=True, capture_output=True,
+                          text=True).stdout.split()
+    packages = [p for p in PACKAGES if p in tree]  # an older revision has fewer folders
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "admit", *packages], check=True,
                              capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(src)], input=archive, check=True)
     pkg = dest / "pkg" / "admit"
     shutil.copytree(src / "admit", pkg)
-    for name in PACKAGES:
+    for name in packages:
         (pkg / name).symlink_to(src / name, target_is_directory=True)
     return pkg.parent
 

@@ -37,8 +37,8 @@ import numpy as np
 from admit.gateway.admission import Lease
 from admit.gateway.config import EnvelopeConfig, RedisConfig, TenantConfig
 from admit.gateway.envelopes import Charge, EnvelopeBook
-from admit.gateway.redis_admission import RedisAdmission
-from admit.gateway.redis_envelopes import SharedEnvelopeBook
+from admit.gateway.redis.admission import RedisAdmission
+from admit.gateway.redis.envelopes import SharedEnvelopeBook
 
 ENVELOPE = EnvelopeConfig(target="*", requests_per_s=1e9, request_burst=10**9, tokens_per_s=1e12, token_burst=10**12)
 

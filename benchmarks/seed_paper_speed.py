@@ -25,7 +25,7 @@ from admit.envs.env import TenantAdmissionEnv
 from admit.envs.scenario import load_scenario
 from admit.envs.simulation import episode_metrics
 from admit.envs.workload import draw_tenant
-from admit.train.evaluate import rollout
+from admit.evaluate.offline import rollout
 
 POLICIES = ("static", "naive", "differentiated")
 

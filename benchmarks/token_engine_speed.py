@@ -17,8 +17,8 @@ import time
 from datetime import datetime
 from importlib import resources
 
-from admit.envs.request import Request
-from admit.envs.token_engine import TokenEngine
+from admit.engine.request import Request
+from admit.engine.token_engine import TokenEngine
 
 FILES = ("AzureLLMInferenceTrace_code.csv", "AzureLLMInferenceTrace_conv.csv")
 

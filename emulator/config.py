@@ -19,8 +19,8 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
-from admit.envs.presets import Preset, get_preset
-from admit.envs.token_engine import TokenEngine
+from admit.engine.presets import Preset, get_preset
+from admit.engine.token_engine import TokenEngine
 
 MIN_TOKEN_LEN = 16  # as the gateway's admin token (gateway/config.py)
 

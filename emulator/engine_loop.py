@@ -30,8 +30,8 @@ from typing import Protocol
 
 from admit.emulator.clock import VirtualClock
 from admit.emulator.metrics import FinishedTimes, VllmMetrics
-from admit.envs.request import Request
-from admit.envs.token_engine import TokenEngine
+from admit.engine.request import Request
+from admit.engine.token_engine import TokenEngine
 
 log = logging.getLogger(__name__)
 DEBUG_RECORDS = 100_000

@@ -19,10 +19,10 @@ import numpy as np
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
 from admit.core.observation import Observation
 from admit.core.telemetry import TenantWindows, build_observation, observation_values
-from admit.envs.engine import Engine
-from admit.envs.request import Request
+from admit.engine.base import Engine
+from admit.engine.request import Request
+from admit.engine.slot_engine import SlotEngine
 from admit.envs.scenario import Scenario, SlotEngineConfig
-from admit.envs.slot_engine import SlotEngine
 from admit.envs.workload import draw_tenant
 
 
@@ -30,7 +30,7 @@ def make_engine(scenario: Scenario) -> Engine:
     cfg = scenario.engine
     if isinstance(cfg, SlotEngineConfig):
         return SlotEngine(cfg.slots, cfg.mean_service_s, cfg.distribution)
-    from admit.envs.token_engine import make_token_engine  # the token engine is optional at import time
+    from admit.engine.token_engine import make_token_engine  # the token engine is optional at import time
 
     return make_token_engine(cfg)
 

@@ -19,7 +19,7 @@ DELETE   /admin/tenants/{name}/envelopes/{target}              remove the envelo
 =======  ====================================================  ==============================================
 
 With Redis (several replicas) a limit or envelope changed here is written to Redis and every other replica
-takes it within one refresh; envelope state read here is the shared budget (gateway/redis_envelopes.py).
+takes it within one refresh; envelope state read here is the shared budget (gateway/redis/envelopes.py).
 
 A batch of limits is checked as a whole before any is applied. Each change (a value that differs from the
 old one) bumps the configuration version and writes one audit line: time, version, actor, what, tenant,
@@ -35,11 +35,11 @@ import time
 from typing import TYPE_CHECKING, Any
 from urllib.parse import unquote
 
+from admit.core.wire import observation_json, spec_json
 from admit.gateway.asgi import HttpError, Receive, Scope, Send, bearer, header, read_body, send_error, send_json
 from admit.gateway.body import BadBody, parse_json
 from admit.gateway.config import LIMIT_MAX, EnvelopeConfig
 from admit.gateway.guard import SCOPE_CLOSED
-from admit.gateway.telemetry import observation_json, spec_json
 from pydantic import ValidationError
 
 if TYPE_CHECKING:

@@ -56,8 +56,8 @@ from admit.gateway.telemetry import LiveTelemetry
 from admit.gateway.upstream import BackendBroken, BackendTimeout, NoBackend, Response, Upstream
 
 if TYPE_CHECKING:
-    from admit.gateway.redis_admission import RedisAdmission
-    from admit.gateway.redis_envelopes import SharedEnvelopeBook
+    from admit.gateway.redis.admission import RedisAdmission
+    from admit.gateway.redis.envelopes import SharedEnvelopeBook
 
 log = logging.getLogger("admit.gateway")
 
@@ -135,7 +135,7 @@ class Gateway:
         self.shared_book: SharedEnvelopeBook | None = None
         self.shared_admission: RedisAdmission | None = None  # the admission backend, when it is Redis
         if cfg.redis is not None:  # the envelopes' budget is one for all replicas, kept in Redis
-            from admit.gateway.redis_envelopes import SharedEnvelopeBook
+            from admit.gateway.redis.envelopes import SharedEnvelopeBook
 
             self.book = self.shared_book = SharedEnvelopeBook(cfg.redis, self.clock, on_alert=self._on_alert)
         for t in cfg.tenants:
@@ -171,8 +171,8 @@ class Gateway:
     # ----------------------------------------------------------------- lifecycle
     async def startup(self) -> None:
         if self._admission is None and self.cfg.redis is not None:
-            from admit.gateway.redis_admission import RedisAdmission  # imported on use: it needs redis-py
-            from admit.gateway.redis_metrics import RedisCollector
+            from admit.gateway.redis.admission import RedisAdmission  # imported on use: it needs redis-py
+            from admit.gateway.redis.metrics import RedisCollector
 
             shared = RedisAdmission(self.cfg.tenants, self.cfg.redis)
             await shared.start()

@@ -145,8 +145,8 @@ class AdminConfig(_Strict):
 
 
 class RedisConfig(_Strict):
-    """State shared by several gateway replicas: leases, limits and rate envelopes (gateway/redis_admission.py,
-    gateway/redis_envelopes.py, docs/gateway.md). ``failure_mode`` applies to the leases and the envelopes."""
+    """State shared by several gateway replicas: leases, limits and rate envelopes (gateway/redis/admission.py,
+    gateway/redis/envelopes.py, docs/gateway.md). ``failure_mode`` applies to the leases and the envelopes."""
 
     url: str = Field(default="redis://127.0.0.1:6379/0", pattern=r"^(redis|rediss|unix)://")
     prefix: str = Field(default="admit", min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.:-]+$")

@@ -13,7 +13,7 @@ A tenant the file names that the configuration no longer has is skipped with a w
 does not name keeps its configured values. A file that cannot be read or does not have this shape stops
 start-up with an error naming the file and the key: deleting it is the explicit way to start afresh.
 
-With Redis the state lives in Redis (gateway/redis_admission.py), which replicas share; ``state_file`` is
+With Redis the state lives in Redis (gateway/redis/admission.py), which replicas share; ``state_file`` is
 refused there.
 """
 

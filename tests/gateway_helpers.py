@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from admit.gateway.stack import StackError, poll
+from admit.live.stack import StackError, poll
 from admit.loadgen.mockserver import ServerProtocol, Stats
 from proc_helpers import read_listening
 

@@ -7,8 +7,8 @@ from __future__ import annotations
 import math
 from collections import deque
 
-from admit.envs.request import Request
-from admit.envs.steptime import StepTimeModel
+from admit.engine.request import Request
+from admit.engine.steptime import StepTimeModel
 
 
 def _ceil(a: int, b: int) -> int:

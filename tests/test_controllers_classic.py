@@ -13,7 +13,7 @@ from admit.controllers.saturation import SaturationGateController
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.envs.scenario import load_scenario
-from admit.train.evaluate import evaluate
+from admit.evaluate.offline import evaluate
 
 # a token-engine-like spec: wide limits, max_step 4, TTFT objectives
 TOKEN = ControlSpec(

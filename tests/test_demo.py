@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from admit.gateway.stack import alive
+from admit.live.stack import alive
 
 # generous: the deadlines only bound a hang; a quiet machine needs about 30 s and 6 s (a loaded one, more)
 pytestmark = pytest.mark.timeout(300)
@@ -82,7 +82,7 @@ def test_sigterm_mid_run_stops_every_process(tmp_path: Path) -> None:
 def test_sigterm_while_a_child_starts_still_stops_it(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A SIGTERM that lands after Popen returned but before the stack recorded the child: the stack still
     knows the child, so leaving the ``with`` stops it (the signal is raised once the child is recorded)."""
-    from admit.gateway import stack as stack_mod
+    from admit.live import stack as stack_mod
 
     real_popen = subprocess.Popen
     started: list[int] = []

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from admit.envs.scenario import load_scenario
-from admit.train.evaluate import evaluate, paired_p, rollout
+from admit.evaluate.offline import evaluate, paired_p, rollout
 
 # The published study's table (20 seeds × 1800 s) and the issue's tolerances.
 STUDY = {
@@ -96,7 +96,7 @@ def test_cli_bad_input_is_a_clear_error():
 
 # ---------------------------------------------------------------------------------- admit results
 def test_results_cover_the_four_scenarios_and_say_why_a_policy_is_missing(monkeypatch):
-    from admit.train import results
+    from admit.evaluate import results
 
     monkeypatch.delenv("ADMIT_LLM_URL", raising=False)
     assert results.SCENARIOS == ("seed-paper", "h200-mixed", "h200-azure-2023", "servegen-skewed")
@@ -124,7 +124,7 @@ def test_results_cover_the_four_scenarios_and_say_why_a_policy_is_missing(monkey
 
 def test_results_report_with_the_llm_policy_on_seed_paper(monkeypatch, tmp_path):
     """The whole report path with a real OpenAI-compatible server (scripted: it always answers 'hold')."""
-    from admit.train import results
+    from admit.evaluate import results
     from llm_scripted_server import ScriptedServer, reply
 
     monkeypatch.setattr(results, "HAND_POLICIES", ("static", "naive"))  # keep the test fast
@@ -164,7 +164,7 @@ def _entry(tput: float, p99: float, drops: float, p_t: float = 1.0, p_p99: float
 
 
 def test_weak_reading_sits_beside_the_strict_verdict_and_is_weaker():
-    from admit.train.results import non_inferior, verdict
+    from admit.evaluate.results import non_inferior, verdict
 
     static = _entry(6.158, 38.4, 4.5)
     # Lower p99 at p < 0.05, a throughput a hair lower and fewer drops, neither significant: the strict

@@ -26,11 +26,12 @@ from admit.agents.llm_policy import LLMPolicy
 from admit.controllers.registry import make_controller
 from admit.core.observation import Observation
 from admit.core.spec import ControlSpec
+from admit.core.wire import spec_from_json
 from admit.envs.scenario import load_scenario
 from admit.envs.simulation import Simulation
 from admit.gateway.config import parse_config
-from admit.gateway.control import ControlLoop, GatewayClient
-from admit.gateway.telemetry import LiveTelemetry, spec_from_json
+from admit.gateway.telemetry import LiveTelemetry
+from admit.live.control import ControlLoop, GatewayClient
 from emulator_helpers import Emulator, start_emulator
 from gateway_helpers import ADMIN_TOKEN, GatewayProcess, key, tenant_cfg, wait_for
 from llm_scripted_server import ScriptedServer, Step

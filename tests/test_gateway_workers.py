@@ -17,7 +17,7 @@ from pathlib import Path
 import aiohttp
 import redis
 import yaml
-from admit.gateway.stack import alive
+from admit.live.stack import alive
 from gateway_helpers import ADMIN_TOKEN, CountingMock, key, tenant_cfg, wait_for
 from proc_helpers import read_listening
 from redis_helpers import RedisServer

@@ -16,7 +16,7 @@ from admit.agents.llm_policy import LLMPolicy
 from admit.core.controller import validate_deltas
 from admit.envs.scenario import load_scenario
 from admit.envs.simulation import Simulation
-from admit.train.evaluate import rollout
+from admit.evaluate.offline import rollout
 
 URL = os.environ.get("ADMIT_LLM_URL", "")
 pytestmark = [

@@ -11,8 +11,8 @@ import pytest
 import redis.asyncio as aioredis
 from admit.gateway.admission import Lease
 from admit.gateway.config import RedisConfig, TenantConfig
-from admit.gateway.redis_admission import RedisAdmission
-from admit.gateway.redis_scripts import GCRA
+from admit.gateway.redis.admission import RedisAdmission
+from admit.gateway.redis.scripts import GCRA
 from redis_helpers import RedisServer
 
 pytestmark = pytest.mark.timeout(60)
@@ -114,7 +114,7 @@ def test_envelope_configs_in_redis_are_seeded_once_and_bad_values_are_ignored(
     rs: RedisServer, caplog: pytest.LogCaptureFixture
 ) -> None:
     from admit.gateway.config import EnvelopeConfig
-    from admit.gateway.redis_envelopes import SharedEnvelopeBook
+    from admit.gateway.redis.envelopes import SharedEnvelopeBook
 
     tenants = [TenantConfig(name="a", limit=2)]
     cfg = RedisConfig(url=rs.url)
@@ -158,7 +158,7 @@ def test_set_envelope_keeps_the_debt_in_units(rs: RedisServer) -> None:
     import json
 
     from admit.gateway.config import EnvelopeConfig
-    from admit.gateway.redis_scripts import SET_ENVELOPE
+    from admit.gateway.redis.scripts import SET_ENVELOPE
 
     cfg_key, req, tok, backoff = "admit:envelopes", "b:req", "b:tok", "b:backoff"
 
@@ -238,7 +238,7 @@ def test_set_envelope_keeps_the_debt_in_units(rs: RedisServer) -> None:
 
 def test_script_errors_are_told_from_outages() -> None:
     """What marks Redis down (every call would fail alike) and what is one call's script error."""
-    from admit.gateway.redis_admission import is_script_error
+    from admit.gateway.redis.admission import is_script_error
     from redis.exceptions import (
         BusyLoadingError,
         NoScriptError,
@@ -265,7 +265,7 @@ def test_a_broken_lease_key_answers_its_queued_request_and_blocks_no_recovery(rs
     and comes back with that key still broken, recovery completes (b's renewal and pending release are
     dropped and counted) instead of leaving Redis down for everyone."""
     from admit.gateway.admission import Deferred
-    from admit.gateway.redis_admission import ADMISSION_ERROR, AdmissionError
+    from admit.gateway.redis.admission import ADMISSION_ERROR, AdmissionError
 
     tenants = [TenantConfig(name="a", limit=2, queue_ttl_s=20), TenantConfig(name="b", limit=1, queue_ttl_s=20)]
     cfg = RedisConfig(url=rs.url, failure_mode="closed", poll_s=0.05, lease_ttl_s=30, timeout_s=1)

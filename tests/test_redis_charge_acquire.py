@@ -15,8 +15,8 @@ import redis
 from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred, Lease
 from admit.gateway.config import EnvelopeConfig, RedisConfig, TenantConfig
 from admit.gateway.envelopes import Charge, Deferral
-from admit.gateway.redis_admission import ADMISSION_ERROR, AdmissionError, RedisAdmission, RedisLease
-from admit.gateway.redis_envelopes import SharedCharge, SharedEnvelopeBook
+from admit.gateway.redis.admission import ADMISSION_ERROR, AdmissionError, RedisAdmission, RedisLease
+from admit.gateway.redis.envelopes import SharedCharge, SharedEnvelopeBook
 from redis_helpers import RedisServer
 
 pytestmark = pytest.mark.timeout(60)

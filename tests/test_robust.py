@@ -7,7 +7,7 @@ from admit.controllers.robust import RobustController
 from admit.controllers.slo_bound import MissHistory, share_above, wilson
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, Limits, TenantSpec
-from admit.train.evaluate import evaluate
+from admit.evaluate.offline import evaluate
 
 SPEC = ControlSpec(
     (TenantSpec("victim", slo_ttft_p99_s=0.5), TenantSpec("burster", slo_ttft_p99_s=2.0),

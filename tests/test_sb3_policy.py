@@ -15,8 +15,8 @@ from admit.controllers.registry import make_controller
 from admit.envs.env import TenantAdmissionEnv
 from admit.envs.scenario import load_scenario
 from admit.envs.simulation import Simulation
-from admit.train.evaluate import rollout
-from admit.train.results import policies_for
+from admit.evaluate.offline import rollout
+from admit.evaluate.results import policies_for
 from admit.train.wrappers import AlgoAction
 
 PRETRAINED = Path(__file__).resolve().parents[1] / "agents" / "pretrained"

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from admit.envs.fidelity import SIM2LIVE_SECTION, kept_tail
+from admit.engine.fidelity import SIM2LIVE_SECTION, kept_tail
 from admit.envs.scenario import load_scenario
-from admit.gateway.sim2live import (
+from admit.live.sim2live import (
     align_decisions,
     compare,
     nearest_rank,

@@ -2,8 +2,8 @@ import math
 
 import numpy as np
 import pytest
-from admit.envs.request import Request
-from admit.envs.slot_engine import SlotEngine
+from admit.engine.request import Request
+from admit.engine.slot_engine import SlotEngine
 
 
 def test_pool_limits_concurrency_and_queues_fifo():

@@ -6,10 +6,10 @@ import math
 from dataclasses import fields
 
 import pytest
-from admit.envs import calibration as cal
-from admit.envs.fidelity import build_report
-from admit.envs.presets import PRESETS, get_preset
-from admit.envs.steptime import StepTimeModel, prefill_pairs
+from admit.engine import calibration as cal
+from admit.engine.fidelity import build_report
+from admit.engine.presets import PRESETS, get_preset
+from admit.engine.steptime import StepTimeModel, prefill_pairs
 
 H100 = get_preset("h100-llama3-8b").step
 H200 = get_preset("h200-llama3-8b").step

@@ -6,10 +6,10 @@ import math
 import random
 
 import pytest
-from admit.envs.presets import get_preset
-from admit.envs.request import Request
-from admit.envs.steptime import StepTimeModel
-from admit.envs.token_engine import TokenEngine, make_token_engine, request_intervals
+from admit.engine.presets import get_preset
+from admit.engine.request import Request
+from admit.engine.steptime import StepTimeModel
+from admit.engine.token_engine import TokenEngine, make_token_engine, request_intervals
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from naive_v1 import simulate

@@ -10,7 +10,7 @@ from admit.envs.env import TenantAdmissionEnv
 from admit.envs.scenario import bundled_scenarios, load_scenario, parse_scenario
 from admit.envs.servegen import ServeGenArrivals, skewed_scenario
 from admit.envs.simulation import Simulation
-from admit.train.evaluate import evaluate
+from admit.evaluate.offline import evaluate
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 

@@ -13,7 +13,7 @@ Facts used (reference/simulation.md §3, §5; data/calibration/README.md):
     gpu_memory_utilization 0.9.
   * Activation reserve: 3 GiB, the reference's estimate of vLLM's profiled peak for an 8B model at an
     8192-token step (an assumption, not a measurement).
-Step-time coefficients: fitted in :mod:`admit.envs.calibration`; the numbers below are that fit's output,
+Step-time coefficients: fitted in :mod:`admit.engine.calibration`; the numbers below are that fit's output,
 rounded, and tests/test_steptime.py checks that the fit still reproduces them.
 """
 
@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from admit.envs.steptime import StepTimeModel
+from admit.engine.steptime import StepTimeModel
 
 GIB = 1024**3
 LLAMA31_8B_WEIGHTS = 16.06e9
@@ -58,7 +58,7 @@ class Preset:
         return int(self.kv_cache_bytes // self.kv_block_bytes)
 
 
-# Fitted coefficients (seconds), rounded to 4 digits; derivation in admit.envs.calibration, figures in
+# Fitted coefficients (seconds), rounded to 4 digits; derivation in admit.engine.calibration, figures in
 # docs/fidelity.md. per_seq_s fits to 0: per-sequence costs do not show above the noise of the sources.
 H100_STEP = StepTimeModel(
     overhead_s=1.396e-3,

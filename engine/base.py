@@ -5,7 +5,7 @@ reports finished requests. It is event-driven: the simulation asks for ``next_ev
 that time comes, calls ``process_event(now)``, which returns the requests that finished at ``now``
 (their ``first_token`` and ``finished`` timestamps set). Two engines implement it:
 
-* ``SlotEngine`` (envs/slot_engine.py): a pool of identical slots with random service times, the
+* ``SlotEngine`` (engine/slot_engine.py): a pool of identical slots with random service times, the
   published study's model;
 * a token-level engine following vLLM V1's scheduler (planned, see the token-engine issue).
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from admit.envs.request import Request
+from admit.engine.request import Request
 
 
 class Engine(Protocol):

@@ -31,10 +31,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 from admit.core.controller import Controller, policy_failure, validate_deltas
-from admit.core.observation import NO_SLO, Observation
+from admit.core.observation import Observation
 from admit.core.spec import ControlSpec
+from admit.core.wire import observation_from_json
 from admit.gateway.jsonl import JsonlWriter
 
 log = logging.getLogger("admit.control")
@@ -70,19 +70,7 @@ class GatewayClient:
         return self.call("PUT", "/admin/limits", {"limits": limits, "reason": reason})
 
 
-def read_observation(data: dict[str, Any], spec: ControlSpec) -> Observation:
-    """The gateway's answer as the Observation the simulator would build for ``spec``'s tenants."""
-    names = [t.name for t in spec.tenants]
-    want = Observation.feature_names(names)
-    if data["feature_names"] != want:
-        got = data["feature_names"][:8]
-        raise ValueError(f"the gateway's features do not match the spec's tenants {names}: {got}...")
-    o = data["observation"]
-    obs = Observation.from_vector(np.asarray(data["vector"], dtype=np.float32), o["time_s"], o["window_s"])
-    for t, ts in zip(obs.tenants, spec.tenants, strict=True):  # the objectives the policy was reset with
-        t.slo_e2e_p99 = NO_SLO if math.isinf(ts.slo_e2e_p99_s) else ts.slo_e2e_p99_s
-        t.slo_ttft_p99 = NO_SLO if math.isinf(ts.slo_ttft_p99_s) else ts.slo_ttft_p99_s
-    return obs
+read_observation = observation_from_json  # the name this module exported before core/wire.py had it
 
 
 @dataclass

@@ -12,7 +12,7 @@ Each engine step (vLLM ``Scheduler.schedule()`` then one forward pass; reference
 3. Only in a step without preemption are WAITING requests admitted, first come first served, while
    budget remains and fewer than ``max_num_seqs`` run; admission stops at the first request whose
    first chunk's blocks do not fit.
-4. The step lasts ``StepTimeModel.step_time`` (admit.envs.steptime). At its end every scheduled request
+4. The step lasts ``StepTimeModel.step_time`` (admit.engine.steptime). At its end every scheduled request
    whose prompt (plus, after a preemption, its earlier output) is fully computed samples one token; a
    request that has produced ``output_tokens`` tokens finishes and frees its blocks. The output length is
    known only to the engine's bookkeeping, never to the scheduler.
@@ -45,9 +45,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from admit.envs.presets import Preset, get_preset
-from admit.envs.request import Request
-from admit.envs.steptime import StepTimeModel
+from admit.engine.presets import Preset, get_preset
+from admit.engine.request import Request
+from admit.engine.steptime import StepTimeModel
 
 TokenListener = Callable[[Request, int, float], None]
 

@@ -1,7 +1,7 @@
 """Fitting the step-time coefficients of the presets to public measurements.
 
 Sources (facts in reference/simulation.md §5 and data/calibration/README.md; the Vidur file is copied in
-envs/data/calibration/ with its licence note):
+engine/data/calibration/ with its licence note):
 
 * Vidur's operator profile, H100, Llama-2-7B, TP1 (``vidur_h100_llama2_7b_mlp.csv``): non-attention time
   per step = 32 layers × Σ over per-layer operators of the median + the embedding once, for 1–4096 tokens.
@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from importlib import resources
 
 import numpy as np
-from admit.envs.steptime import StepTimeModel
+from admit.engine.steptime import StepTimeModel
 from scipy.optimize import least_squares
 
 H100_HBM_BPS = 3.35e12
@@ -74,7 +74,7 @@ LAMBDA_MEDIAN_TPOT_S = 7.56e-3
 
 def load_vidur_profile() -> tuple[np.ndarray, np.ndarray]:
     """(tokens, non-attention step seconds) of the Vidur H100 Llama-2-7B profile, TP1, sorted by tokens."""
-    text = resources.files("admit.envs").joinpath("data", "calibration", VIDUR_FILE).read_text()
+    text = resources.files("admit.engine").joinpath("data", "calibration", VIDUR_FILE).read_text()
     tokens, secs = [], []
     for row in csv.DictReader(text.splitlines()):
         if row["num_tensor_parallel_workers"] != "1":
@@ -165,9 +165,9 @@ def decode_batches(seqs: int, context: int) -> Batches:
 
 def lambda_tpots(model: StepTimeModel) -> np.ndarray:
     """Per-request TPOT (s) of Lambda's 10 requests, submitted together to the H100 preset's engine."""
-    from admit.envs.presets import get_preset
-    from admit.envs.request import Request
-    from admit.envs.token_engine import TokenEngine
+    from admit.engine.presets import get_preset
+    from admit.engine.request import Request
+    from admit.engine.token_engine import TokenEngine
 
     eng = TokenEngine(get_preset("h100-llama3-8b"), step_model=model)
     sizes = zip(LAMBDA_INPUT_LENS, LAMBDA_OUTPUT_LENS, strict=True)

@@ -16,7 +16,7 @@ reading the weights dominates (memory-bound, small N) and ``per_token`` seconds 
 matrix multiplies dominate (compute-bound); ``q`` sets how sharp the knee is. This is the issue's
 ``c0 + c_p·P + c_d·D + c_kv·ΣL`` made one step better: decode tokens cost dense-layer time too (they
 go through the same matrices), and prefill attention grows with the context a chunk attends to.
-Where every coefficient comes from is in :mod:`admit.envs.calibration` and docs/fidelity.md.
+Where every coefficient comes from is in :mod:`admit.engine.calibration` and docs/fidelity.md.
 
 A decode-only step of ``n`` sequences is ``decode_base(n) + kv_read·K``: linear in K, which is what lets
 the token engine jump over many decode steps in closed form.

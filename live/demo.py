@@ -19,9 +19,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-import typer
-from admit.gateway.live_run import run_live
-from admit.gateway.stack import Stack, cli_exit
+from admit.live.run import run_live
+from admit.live.stack import Stack
 from rich.console import Console
 from rich.table import Table
 
@@ -132,23 +131,3 @@ def _emulator_lateness(stack: Stack, emu: str) -> dict[str, float] | None:
     except (OSError, KeyError, TypeError, ValueError):
         return None
     return {f"{k}_ms": round(float(v) * 1000, 2) for k, v in q.items()}
-
-
-def demo(
-    duration: float = typer.Option(75.0, min=5, help="seconds of load per run (two runs)"),
-    policy: str = typer.Option(DEFAULT_POLICY, help=f"the policy run after static (falls back to {FALLBACK_POLICY})"),
-    out: Path = typer.Option(Path("results/demo.json"), help="where to write the before/after JSON"),
-    seed: int = typer.Option(1, help="seed of the load (both runs get the same requests)"),
-    bursty_rps: float = typer.Option(3.0, help="mean request rate of the bursty tenant"),
-    steady_rps: float = typer.Option(2.0, help="request rate of the steady tenant"),
-    limit: int = typer.Option(
-        2, min=1, max=4, help="both tenants' configured limit: static holds it, the policy starts there"
-    ),
-    workdir: Path | None = typer.Option(None, help="keep logs and configs here (default: a temp dir, removed)"),
-) -> None:
-    """The live loop end to end on 127.0.0.1: emulator, gateway, control loop, two-tenant load; static vs policy."""
-    console = Console()
-    if console.width < 110:
-        console = Console(width=110)
-    with cli_exit():
-        run_demo(duration, policy, out, seed, bursty_rps, steady_rps, limit, workdir, console)

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from admit.gateway.stack import Stack, poll
+from admit.live.stack import Stack, poll
 
 
 def _p99_s(block: dict[str, Any], name: str) -> float | None:

@@ -1,7 +1,7 @@
 """Rate envelopes shared by several gateway replicas on Redis: one GCRA bucket per (tenant, target, unit).
 
 With Redis the budget of an envelope is one set of buckets for all replicas, so N replicas together admit
-one envelope, not N. A request's charge is one Lua script (gateway/redis_scripts.py ``GCRA``, server time):
+one envelope, not N. A request's charge is one Lua script (gateway/redis/scripts.py ``GCRA``, server time):
 all its buckets are checked and then all charged, or none; a deferral pushes the shared backoff of every
 envelope involved. Refunds (a request charged and then deferred by its queue, or that never reached the
 backend) go to Redis too. On the gateway's path the charge and the request's first try for a lease are one
@@ -35,7 +35,7 @@ front: the difference goes to the shared token buckets in one background script 
 "force", signed: more tokens than charged are forced in, beyond the burst if need be, fewer are refunded).
 A settle that cannot reach Redis is dropped and counted, like a refund.
 
-**A script error** (gateway/redis_admission.py: Redis answered, the script failed on this call's keys, e.g.
+**A script error** (gateway/redis/admission.py: Redis answered, the script failed on this call's keys, e.g.
 a bucket key holding something the scripts never write) is not an outage: it is counted, Redis stays up,
 and only the request that hit it gets the failure mode's answer (closed: 500 ``admission-error``; open:
 the mirror's charge). The read of all buckets falls back to one call per envelope, so a broken key leaves
@@ -53,8 +53,8 @@ from typing import Any
 from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred, Lease
 from admit.gateway.config import EnvelopeConfig, RedisConfig
 from admit.gateway.envelopes import AlertHook, Charge, Deferral, Envelope, EnvelopeBook
-from admit.gateway.redis_admission import AdmissionError, RedisAdmission, is_script_error
-from admit.gateway.redis_scripts import CHARGE_ACQUIRE, GCRA, SET_ENVELOPE
+from admit.gateway.redis.admission import AdmissionError, RedisAdmission, is_script_error
+from admit.gateway.redis.scripts import CHARGE_ACQUIRE, GCRA, SET_ENVELOPE
 from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
@@ -313,7 +313,7 @@ class SharedEnvelopeBook(EnvelopeBook):
             adm.forget(t, lid)
             raise
         except adm.ERRORS as exc:
-            if is_script_error(exc):  # it took no lease (gateway/redis_admission.py): nothing to release
+            if is_script_error(exc):  # it took no lease (gateway/redis/admission.py): nothing to release
                 adm.live.pop(lid, None)
                 adm.script_error("CHARGE_ACQUIRE", exc, f"tenant {tenant}")
                 return self._fallback(tenant, target, tokens, script_error=True), None, False

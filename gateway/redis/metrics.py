@@ -1,12 +1,12 @@
 """Prometheus view of the Redis admission backend: reachability, fail-open/closed decisions, lease upkeep,
-script errors (per script; they are not outages, gateway/redis_admission.py)."""
+script errors (per script; they are not outages, gateway/redis/admission.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Iterator
 
 from admit.gateway.metrics import PREFIX
-from admit.gateway.redis_admission import RedisAdmission
+from admit.gateway.redis.admission import RedisAdmission
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 

@@ -31,8 +31,8 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
-from admit.train.evaluate import evaluate, write_json
-from admit.train.report import pareto_plot
+from admit.evaluate.offline import evaluate, write_json
+from admit.evaluate.report import pareto_plot
 
 SCENARIOS = ("seed-paper", "h200-mixed", "h200-azure-2023", "servegen-skewed")
 DEFAULT_OUT = Path("docs/RESULTS.md")

@@ -1,4 +1,5 @@
-"""``admit control``: run a policy live against a gateway's admin API (gateway/control.py)."""
+"""The live verbs: ``admit control`` (a policy against a gateway's admin API, live/control.py), ``admit demo``
+(the whole loop on one machine, live/demo.py) and ``admit sim2live`` (simulator vs live, live/sim2live.py)."""
 
 from __future__ import annotations
 
@@ -38,8 +39,8 @@ def control(
 ) -> None:
     """Drive the gateway's per-tenant limits with a policy: observe, decide, clamp, apply, every interval."""
     from admit.controllers.registry import make_controller
-    from admit.gateway.control import ControlLoop, GatewayClient
-    from admit.gateway.telemetry import spec_from_json
+    from admit.core.wire import spec_from_json
+    from admit.live.control import ControlLoop, GatewayClient
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = admin_token or os.environ.get(admin_token_env)
@@ -80,3 +81,53 @@ def control(
     typer.echo(f"decisions {stats.decisions}, applied {stats.applied}, unchanged {stats.unchanged}, "
                f"shadow {stats.shadow}, failures {dict(stats.failures)}, fallbacks {stats.fallbacks}, "
                f"fetch errors {stats.fetch_errors}, apply errors {stats.apply_errors}")
+
+
+def demo(
+    duration: float = typer.Option(75.0, min=5, help="seconds of load per run (two runs)"),
+    policy: str = typer.Option("ppo:agents/pretrained/ppo-seed-paper",
+                               help="the policy run after static (falls back to robust)"),
+    out: Path = typer.Option(Path("results/demo.json"), help="where to write the before/after JSON"),
+    seed: int = typer.Option(1, help="seed of the load (both runs get the same requests)"),
+    bursty_rps: float = typer.Option(3.0, help="mean request rate of the bursty tenant"),
+    steady_rps: float = typer.Option(2.0, help="request rate of the steady tenant"),
+    limit: int = typer.Option(
+        2, min=1, max=4, help="both tenants' configured limit: static holds it, the policy starts there"
+    ),
+    workdir: Path | None = typer.Option(None, help="keep logs and configs here (default: a temp dir, removed)"),
+) -> None:
+    """The live loop end to end on 127.0.0.1: emulator, gateway, control loop, two-tenant load; static vs policy."""
+    from admit.live.demo import run_demo
+    from admit.live.stack import cli_exit
+    from rich.console import Console
+
+    console = Console()
+    if console.width < 110:
+        console = Console(width=110)
+    with cli_exit():
+        run_demo(duration, policy, out, seed, bursty_rps, steady_rps, limit, workdir, console)
+
+
+def sim2live(
+    scenario: str = typer.Option("h200-live-small", help="token-engine scenario (bundled name or YAML path)"),
+    policy: list[str] = typer.Option(["static"], help="policy run on both sides; repeat for several"),
+    horizon: float | None = typer.Option(None, min=10, help="shorten the scenario's horizon to this many seconds"),
+    seed: int = typer.Option(0, help="the episode seed whose requests both sides get"),
+    out: Path = typer.Option(Path("results/sim2live.json"), help="where to write the JSON"),
+    doc: Path | None = typer.Option(None, help="also write the tables as the sim-to-live section of this markdown"),
+    workdir: Path | None = typer.Option(None, help="keep logs, configs and the trace here"),
+    repeat: int = typer.Option(1, min=1, help="live runs per policy (the simulator is deterministic): median, spread"),
+) -> None:
+    """Run a scenario and policies in the simulator and live on the same requests; compare throughput and p99."""
+    from admit.envs.scenario import ScenarioError
+    from admit.live.sim2live import run_sim2live
+    from admit.live.stack import cli_exit
+    from rich.console import Console
+
+    console = Console(width=120)
+    try:
+        with cli_exit():
+            run_sim2live(scenario, policy, horizon, seed, out, doc, workdir, repeat, console)
+    except (ScenarioError, ValueError) as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None

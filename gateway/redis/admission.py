@@ -1,13 +1,13 @@
 """Admission state shared by several gateway replicas on Redis: concurrency leases with expiry.
 
-(The rate envelopes shared the same way, gateway/redis_envelopes.py, ride on this backend's connection and
+(The rate envelopes shared the same way, gateway/redis/envelopes.py, ride on this backend's connection and
 its up/down state: they are refreshed with the leases and written back before it counts as up again.)
 
-Every admitted request holds a *lease* in Redis (gateway/redis_scripts.py): a member of its tenant's sorted
+Every admitted request holds a *lease* in Redis (gateway/redis/scripts.py): a member of its tenant's sorted
 set whose score is an expiry in server time. Taking one is a single Lua script that drops expired leases,
 reads the tenant's shared limit and adds the lease only below it, so the replicas together never pass the
 limit. A request with rate envelopes takes its first try in the same script as its envelope charge
-(``CHARGE_ACQUIRE``, gateway/redis_envelopes.py ``charge_and_acquire``): one round trip, not two.
+(``CHARGE_ACQUIRE``, gateway/redis/envelopes.py ``charge_and_acquire``): one round trip, not two.
 A replica renews the leases of its running requests every ``lease_ttl_s / 3``; a replica that
 crashes stops renewing and its slots come back ``lease_ttl_s`` later.
 
@@ -67,7 +67,7 @@ from typing import Any, Protocol
 import redis.asyncio as aioredis
 from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred, Lease, TenantSlots
 from admit.gateway.config import RedisConfig, TenantConfig
-from admit.gateway.redis_scripts import ACQUIRE, READ, RELEASE, RENEW, SET_LIMIT
+from admit.gateway.redis.scripts import ACQUIRE, READ, RELEASE, RENEW, SET_LIMIT
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
@@ -257,7 +257,7 @@ class RedisAdmission(TenantSlots):
         """A lease for ``tenant``: at once if a slot is free and nobody is queued here, else from the queue.
 
         ``asked``: the caller has just tried for a slot itself and found none (the envelope charge and the
-        lease in one script, gateway/redis_envelopes.py ``charge_and_acquire``), so the request goes straight
+        lease in one script, gateway/redis/envelopes.py ``charge_and_acquire``), so the request goes straight
         to the queue, as after a failed first try here, without asking Redis a second time.
         """
         if not asked and not self.queues[tenant]:

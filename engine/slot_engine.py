@@ -17,7 +17,7 @@ import heapq
 import math
 from collections import deque
 
-from admit.envs.request import Request
+from admit.engine.request import Request
 
 SERVICE_DISTRIBUTIONS = ("exponential", "deterministic")
 

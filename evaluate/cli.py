@@ -1,0 +1,62 @@
+"""``admit evaluate`` (policies on many seeds, evaluate/offline.py) and ``admit results`` (docs/RESULTS.md,
+evaluate/results.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
+
+
+def evaluate(
+    scenario: str = typer.Option(..., help="bundled scenario name or path to a scenario YAML"),
+    policy: list[str] = typer.Option(..., help="policy to evaluate (repeat); the first is the baseline"),
+    seeds: int = typer.Option(20, min=1, help="number of evaluation seeds"),
+    seed_base: int = typer.Option(0, help="first seed; seeds are seed_base .. seed_base+seeds-1"),
+    out: Path = typer.Option(Path("results.json"), help="where to write the JSON results"),
+    plot: Path | None = typer.Option(None, help="write a Pareto plot (PNG) here"),
+    workers: int = typer.Option(1, min=1, help="worker processes"),
+) -> None:
+    """Evaluate policies offline on many seeds with common random numbers and paired tests."""
+    from admit.envs.scenario import ScenarioError
+    from admit.evaluate.offline import evaluate as run_eval
+    from admit.evaluate.offline import write_json
+    from admit.evaluate.report import pareto_plot, print_table
+    from rich.progress import Progress
+
+    try:
+        with Progress(transient=True) as bar:
+            task = bar.add_task("evaluating", total=len(policy) * seeds)
+            ev = run_eval(
+                scenario, policy, seeds, seed_base, workers, progress=lambda i, n: bar.update(task, completed=i)
+            )
+    except (ScenarioError, ValueError) as e:
+        _fail(str(e))
+    data = write_json(ev, out)
+    print_table(data)
+    typer.echo(f"wrote {out}")
+    if plot is not None:
+        pareto_plot(data, plot)
+        typer.echo(f"wrote {plot}")
+
+
+def results(
+    seeds: int = typer.Option(20, min=2, help="evaluation seeds per scenario"),
+    scenario: list[str] = typer.Option(None, help="scenario (repeat); default: the four in RESULTS.md"),
+    workers: int = typer.Option(2, min=1, help="worker processes"),
+    out: Path = typer.Option(Path("docs/RESULTS.md"), help="the report to write"),
+) -> None:
+    """Regenerate docs/RESULTS.md: every policy × the results scenarios, CIs, p-values vs static, Pareto plots."""
+    from admit.evaluate.results import SCENARIOS, build
+    from rich.progress import Progress
+
+    with Progress(transient=True) as bar:
+        task = bar.add_task("results", total=None)
+        chosen = list(scenario or SCENARIOS)
+        build(seeds, chosen, workers, out, progress=lambda i, n: bar.update(task, completed=i, total=n))
+    typer.echo(f"wrote {out}")
