@@ -7,9 +7,13 @@ that time comes, calls ``process_event(now)``, which returns the requests that f
 
 * ``SlotEngine`` (engine/slot_engine.py): a pool of identical slots with random service times, the
   published study's model;
-* a token-level engine following vLLM V1's scheduler (planned, see the token-engine issue).
+* ``TokenEngine`` (engine/token_engine.py): a token-level engine following vLLM V1's scheduler (token
+  budget, chunked prefill, KV blocks, recompute preemption), timed by the step-time model
+  (engine/steptime.py) of a preset (engine/presets.py).
 
-An engine never reads a global clock: time is what the caller passes in.
+The simulator (envs/simulation.py) runs an engine in simulated time; the emulator (emulator/) runs the
+token engine in wall-clock time behind a vLLM-compatible HTTP API. An engine never reads a global clock:
+time is what the caller passes in.
 """
 
 from __future__ import annotations

@@ -226,10 +226,6 @@ class TokenEngine:
         """Weights + activation reserve + KV blocks in use."""
         return self.preset.weights_bytes + self.preset.activation_bytes + self.kv_bytes_used
 
-    @property
-    def gpu_memory_bytes_total(self) -> float:
-        return self.preset.gpu_memory_bytes
-
     def waiting(self) -> list[Request]:
         return list(self._waiting)
 

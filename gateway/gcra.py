@@ -24,7 +24,6 @@ units it never cost. The cap bounds how long a cut stalls the tenant: at most on
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 
@@ -104,6 +103,3 @@ class Gcra:
     def remaining(self, now: float) -> float:
         """Units that may be spent at ``now`` (fractional: the bucket refills continuously)."""
         return self._remaining(self.tat, now)
-
-    def remaining_int(self, now: float) -> int:
-        return math.floor(self.remaining(now) + 1e-9)

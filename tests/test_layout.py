@@ -1,0 +1,84 @@
+"""The house's rules: which folder may import which, old module paths that still import, and a gateway
+process that never imports Gymnasium (docs/design.md, "Folders")."""
+
+from __future__ import annotations
+
+import ast
+import importlib
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+import admit
+
+ROOT = Path(__file__).resolve().parent.parent
+
+# folder -> the admit packages its modules may import (besides itself); the layering of docs/design.md
+ALLOWED = {
+    "core": set(),
+    "engine": {"core"},
+    "envs": {"core", "engine"},
+    "controllers": {"core"},
+    "agents": {"core", "controllers", "envs", "engine", "train"},
+    "train": {"core", "envs", "engine", "controllers", "agents", "evaluate"},
+    "evaluate": {"core", "envs", "engine", "controllers", "agents"},
+    "gateway": {"core"},
+    "emulator": {"core", "engine"},
+    "loadgen": {"core"},
+    "live": {"core", "envs", "engine", "controllers", "agents", "gateway", "emulator", "loadgen", "evaluate"},
+}
+
+
+def _admit_imports(path: Path) -> set[str]:
+    """The admit sub-packages a module imports (at any depth of its body: lazy imports count too)."""
+    out = set()
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+        names = [a.name for a in node.names] if isinstance(node, ast.Import) else (
+            [node.module] if isinstance(node, ast.ImportFrom) and node.module and node.level == 0 else [])
+        for name in names:
+            parts = name.split(".")
+            if parts[0] == "admit" and len(parts) > 1:
+                out.add(parts[1])
+    return out
+
+
+@pytest.mark.parametrize("folder", sorted(ALLOWED))
+def test_a_folder_imports_only_the_layers_below_it(folder: str) -> None:
+    bad = {}
+    for path in sorted((ROOT / folder).rglob("*.py")):
+        if path.name == "cli.py" or path.relative_to(ROOT).as_posix() == "controllers/registry.py":
+            continue  # a verb, or the registry of every policy by name, may reach into any layer (lazily)
+        extra = _admit_imports(path) - ALLOWED[folder] - {folder}
+        if extra:
+            bad[str(path.relative_to(ROOT))] = sorted(extra)
+    assert not bad, f"imports across the layering of docs/design.md: {bad}"
+
+
+@pytest.mark.parametrize(("old", "new"), sorted(admit.MOVED.items()))
+def test_a_moved_module_still_imports_under_its_old_name(old: str, new: str) -> None:
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod = importlib.import_module(old)
+    assert mod is importlib.import_module(new)
+    assert mod.__spec__.name == new  # the module keeps its own spec
+    assert any(issubclass(w.category, DeprecationWarning) and new in str(w.message) for w in caught)
+
+
+def _fresh(code: str) -> str:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120).stdout
+
+
+def test_the_gateway_process_does_not_import_gymnasium() -> None:
+    out = _fresh("import sys, admit.gateway.app, admit.gateway.server, admit.emulator.server, admit.loadgen.worker\n"
+                 "print(sorted(m for m in ('gymnasium', 'torch', 'stable_baselines3') if m in sys.modules))")
+    assert out.strip() == "[]"
+
+
+@pytest.mark.parametrize("order", ["import admit, gymnasium", "import gymnasium, admit"])
+def test_the_env_is_registered_whichever_is_imported_first(order: str) -> None:
+    out = _fresh(f"{order}\nprint(gymnasium.make('admit/TenantAdmission-v0').unwrapped.scenario.name)")
+    assert out.strip() == "seed-paper"  # the default scenario
