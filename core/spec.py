@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 
@@ -39,6 +40,14 @@ class Limits:
 
     def clamp(self, value: int) -> int:
         return self.min if value < self.min else self.max if value > self.max else value
+
+    def apply(self, current: Sequence[int], deltas: Sequence[int]) -> list[int]:
+        """The new limits of one decision: each current limit plus its delta, clamped to [min, max].
+
+        The one place a decision's deltas become limits, so the simulator and the live control loop cannot
+        disagree on it. ``deltas`` are taken as given (``validate_deltas`` checks them against ``max_step``).
+        """
+        return [self.clamp(int(c) + int(d)) for c, d in zip(current, deltas, strict=True)]
 
 
 @dataclass(frozen=True)
