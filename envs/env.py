@@ -114,9 +114,8 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         sim = self.sim
         sc = self.scenario
         before = sim.limits
-        limits = sim.apply_deltas(deltas)
+        limits = sim.step(deltas)
         dt = sc.interval_s
-        sim.advance(min(sim.now + dt, sc.horizon_s))
         completions = violations = lost = 0
         for t in sim.take_interval_totals():
             completions += t.completed

@@ -1,22 +1,30 @@
 """The simulated world: workload → admission core → engine, with telemetry, in simulated time.
 
-``Simulation`` is the one loop behind the Gymnasium env and the offline evaluator. It is event-driven:
-the next event is the earliest of the next arrival, the engine's next internal event and the admission
-queue's next timeout; at equal times engine events come first (a finishing request frees its slot before
-a simultaneous arrival or timeout is handled).
+``Simulation`` is the one world behind the Gymnasium env, the offline evaluator and sim2live. It is
+event-driven: the next event is the earliest of the next arrival, the engine's next internal event and the
+admission queue's next timeout; at equal times engine events come first (a finishing request frees its
+slot before a simultaneous arrival or timeout is handled).
 
 Decisions happen between ``advance`` calls: ``observe()`` builds the Observation, ``apply_deltas()``
-changes the limits (clamped to the scenario's bounds), ``advance(t)`` runs the world to time t.
+changes the limits (``Limits.apply``: current + delta, clamped to the scenario's bounds), ``advance(t)``
+runs the world to time t. ``step(deltas)`` is one decision interval (apply, then advance one interval)
+and ``run(controller)`` the one decision loop (observe → act → validate → step, until the horizon): the
+env's ``step`` is ``Simulation.step``, the evaluator and sim2live call ``run``.
+
+The requests are the scenario's draws for the seed (``draw_requests``) unless the caller hands the
+simulation its own (``Simulation(scenario, seed, requests=...)``, as sim2live does with the replayed ones).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
+from admit.core.controller import Controller, validate_deltas
 from admit.core.observation import Observation
 from admit.core.telemetry import TenantWindows, build_observation, observation_values
 from admit.engine.base import Engine
@@ -48,8 +56,69 @@ class TenantTotals:
     ttft: list[float] = field(default_factory=list)
 
 
+def draw_requests(scenario: Scenario, seed: int) -> list[Request]:
+    """The scenario's requests for ``seed``, in arrival order (ties by tenant): what an episode on it serves.
+
+    One independent stream per tenant, all spawned from the seed, so every policy run on one seed sees the
+    same requests (common random numbers) and a tenant's draws do not depend on the other tenants'.
+    """
+    seed = int(seed)
+    streams = np.random.SeedSequence(seed).spawn(len(scenario.tenants))
+    times, tenant_ix, prompt, output, u = [], [], [], [], []
+    for i, (tc, ss) in enumerate(zip(scenario.tenants, streams, strict=True)):
+        rng = np.random.default_rng(ss)
+        d = draw_tenant(tc.arrival, tc.prompt_tokens, tc.output_tokens, rng, scenario.horizon_s, seed)
+        times.append(d.times)
+        tenant_ix.append(np.full(len(d.times), i, dtype=np.int64))
+        prompt.append(d.prompt)
+        output.append(d.output)
+        u.append(d.u_service)
+    all_t = np.concatenate(times)
+    order = np.lexsort((np.concatenate(tenant_ix), all_t))
+    cols = [np.concatenate(c)[order].tolist() for c in (tenant_ix, prompt, output, u)]
+    return [
+        Request(rid, ten, t, p, o, uu)
+        for rid, (t, ten, p, o, uu) in enumerate(zip(all_t[order].tolist(), *cols, strict=True))
+    ]
+
+
+def _fresh_requests(requests: Sequence[Request], n_tenants: int) -> list[Request]:
+    """Unserved copies of ``requests`` (a run fills in their timestamps), checked for what ``advance`` assumes."""
+    out = [Request(r.rid, r.tenant, r.arrival, r.prompt_tokens, r.output_tokens, r.u_service) for r in requests]
+    for a, b in itertools.pairwise(out):
+        if b.arrival < a.arrival:
+            raise ValueError(f"requests must be in arrival order: request {b.rid} at {b.arrival} after {a.arrival}")
+    for r in out:
+        if not 0 <= r.tenant < n_tenants:
+            raise ValueError(f"request {r.rid} names tenant {r.tenant}; the scenario has tenants 0..{n_tenants - 1}")
+    return out
+
+
+OnDecision = Callable[[float, Observation, list[int], list[int]], None]
+"""``on_decision(time_s, observation, deltas, new_limits)``, called by ``Simulation.run`` after each decision."""
+
+
+@dataclass
+class RunStats:
+    """What ``Simulation.run`` reports besides the world's own counts: the decisions and their limits."""
+
+    decisions: int
+    limit_sum: float  # Σ over decisions of Σ over tenants of the limit set by that decision
+    n_tenants: int
+
+    @property
+    def mean_limit(self) -> float:
+        """The limit set per tenant per decision, on average (0 without decisions)."""
+        return self.limit_sum / max(self.decisions, 1) / self.n_tenants
+
+
 class Simulation:
-    def __init__(self, scenario: Scenario, seed: int) -> None:
+    def __init__(self, scenario: Scenario, seed: int, *, requests: Sequence[Request] | None = None) -> None:
+        """The world of ``scenario`` at t = 0, on the seed's requests or on ``requests`` (copied, never mutated).
+
+        ``requests`` must be in arrival order and name the scenario's tenants by index; the seed still
+        seeds everything else (the engine's random service times come from each request's ``u_service``).
+        """
         self.scenario = scenario
         self.spec = scenario.control_spec()
         self.seed = int(seed)
@@ -57,24 +126,8 @@ class Simulation:
         n = len(scenario.tenants)
         self.horizon_s = scenario.horizon_s
 
-        # --- workload: one independent stream per tenant, all from the episode seed
-        streams = np.random.SeedSequence(self.seed).spawn(n)
-        times, tenant_ix, prompt, output, u = [], [], [], [], []
-        for i, (tc, ss) in enumerate(zip(scenario.tenants, streams, strict=True)):
-            rng = np.random.default_rng(ss)
-            d = draw_tenant(tc.arrival, tc.prompt_tokens, tc.output_tokens, rng, self.horizon_s, self.seed)
-            times.append(d.times)
-            tenant_ix.append(np.full(len(d.times), i, dtype=np.int64))
-            prompt.append(d.prompt)
-            output.append(d.output)
-            u.append(d.u_service)
-        all_t = np.concatenate(times)
-        order = np.lexsort((np.concatenate(tenant_ix), all_t))
-        cols = [np.concatenate(c)[order].tolist() for c in (tenant_ix, prompt, output, u)]
-        self._requests = [
-            Request(rid, ten, t, p, o, uu)
-            for rid, (t, ten, p, o, uu) in enumerate(zip(all_t[order].tolist(), *cols, strict=True))
-        ]
+        # --- workload: the seed's draws, or the caller's requests
+        self._requests = draw_requests(scenario, self.seed) if requests is None else _fresh_requests(requests, n)
         self._next = 0
 
         # --- the server and the admission core in front of it
@@ -100,16 +153,19 @@ class Simulation:
     def limits(self) -> list[int]:
         return [self.core.limit(i) for i in range(self.core.n_tenants)]
 
+    @property
+    def requests(self) -> list[Request]:
+        """This episode's requests in arrival order; a run fills in their timestamps (``finished`` ...)."""
+        return self._requests
+
     def apply_deltas(self, deltas: Sequence[int]) -> list[int]:
-        """Add per-tenant deltas to the limits, clamp to [min, max]; returns the new limits."""
-        lim = self.spec.limits
-        out = []
-        for i, d in enumerate(deltas):
-            new = lim.clamp(self.core.limit(i) + int(d))
-            if new != self.core.limit(i):
-                for payload, _waited in self.core.set_limit(i, new):
+        """Add per-tenant deltas to the limits, clamped to [min, max] (``Limits.apply``); returns the new limits."""
+        core = self.core
+        out = self.spec.limits.apply(self.limits, deltas)
+        for i, new in enumerate(out):
+            if new != core.limit(i):
+                for payload, _waited in core.set_limit(i, new):
                     self._dispatch(payload)
-            out.append(new)
         return out
 
     def set_limits(self, limits: Sequence[int]) -> None:
@@ -138,6 +194,50 @@ class Simulation:
         out = self.interval_totals
         self.interval_totals = [TenantTotals() for _ in out]
         return out
+
+    # ------------------------------------------------------------------ the decision loop
+    def step(self, deltas: Sequence[int], until: float | None = None) -> list[int]:
+        """One decision interval: apply ``deltas``, then run the world one ``interval_s`` on, to ``until`` at
+        most (default: the horizon). Returns the limits the deltas set. The env's ``step`` and ``run`` both
+        use it, so a decision interval is written once."""
+        limits = self.apply_deltas(deltas)
+        end = self.horizon_s if until is None else until
+        self.advance(min(self.now + self.scenario.interval_s, end))
+        return limits
+
+    def run(
+        self,
+        controller: Controller,
+        until: float | None = None,
+        on_decision: OnDecision | None = None,
+        name: str | None = None,
+    ) -> RunStats:
+        """The decision loop: every interval observe → ``controller.act`` → ``validate_deltas`` → ``step``.
+
+        Runs from ``now`` until simulated time reaches ``until`` (default: the horizon; later than it runs
+        the queues dry, with no arrivals after the horizon). The controller must already be ``reset``.
+        ``on_decision(time_s, obs, deltas, new_limits)`` sees every decision (sim2live logs them); the limits
+        before it are ``obs``'s. A controller that raises ValueError or returns bad deltas raises ValueError
+        naming the policy (``name``, default the controller's) and the decision's time.
+        """
+        end = self.horizon_s if until is None else until
+        spec = self.spec
+        limit_sum = 0.0
+        decisions = 0
+        while self.now < end - 1e-9:
+            t = self.now
+            obs = self.observe()
+            try:
+                deltas = validate_deltas(controller.act(obs), spec)
+            except ValueError as e:
+                label = name if name is not None else getattr(controller, "name", type(controller).__name__)
+                raise ValueError(f"policy {label!r} at t={t:.1f}s: {e}") from None
+            limits = self.step(deltas, end)
+            if on_decision is not None:
+                on_decision(t, obs, deltas, limits)
+            limit_sum += sum(limits)
+            decisions += 1
+        return RunStats(decisions, limit_sum, len(self.scenario.tenants))
 
     # ------------------------------------------------------------------ the event loop
     def _dispatch(self, req: Request) -> None:

@@ -19,7 +19,6 @@ from pathlib import Path
 
 import numpy as np
 from admit.controllers.registry import make_controller
-from admit.core.controller import validate_deltas
 from admit.envs.scenario import Scenario, load_scenario
 from admit.envs.simulation import Simulation
 from scipy import stats
@@ -29,25 +28,12 @@ METRICS = ("throughput_rps", "p99_s", "dropped", "slo_attainment", "jain_fairnes
 
 def rollout(scenario: Scenario, policy: str, seed: int) -> dict[str, float]:
     """Run one episode of ``policy`` on ``seed``; returns the episode metrics."""
-    spec = scenario.control_spec()
     ctrl = make_controller(policy)
-    ctrl.reset(spec, seed)
+    ctrl.reset(scenario.control_spec(), seed)
     sim = Simulation(scenario, seed)
-    t = 0.0
-    limit_sum = 0.0
-    steps = 0
-    while t < scenario.horizon_s - 1e-9:
-        obs = sim.observe()
-        try:
-            deltas = validate_deltas(ctrl.act(obs), spec)
-        except ValueError as e:
-            raise ValueError(f"policy {policy!r} at t={t:.1f}s: {e}") from None
-        limit_sum += sum(sim.apply_deltas(deltas))
-        steps += 1
-        t = min(t + scenario.interval_s, scenario.horizon_s)
-        sim.advance(t)
+    stats = sim.run(ctrl, name=policy)
     out = sim.summary()
-    out["mean_limit"] = limit_sum / max(steps, 1) / len(scenario.tenants)
+    out["mean_limit"] = stats.mean_limit
     return out
 
 

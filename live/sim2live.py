@@ -27,11 +27,11 @@ from typing import Any
 
 import numpy as np
 from admit.controllers.registry import make_controller
-from admit.core.controller import validate_deltas
+from admit.core.observation import Observation
 from admit.engine.fidelity import SIM2LIVE_SECTION as SECTION
 from admit.engine.request import Request
 from admit.envs.scenario import Scenario, SlotEngineConfig, load_scenario
-from admit.envs.simulation import Simulation
+from admit.envs.simulation import Simulation, draw_requests
 from admit.live.control import observation_summary
 from admit.live.run import run_live
 from admit.live.stack import Stack
@@ -45,7 +45,7 @@ METRICS = ("throughput_rps", "e2e_p99_s", "ttft_p99_s", "e2e_p50_s")
 
 def replay_requests(scenario: Scenario, seed: int) -> list[Request]:
     """The seed's draws, each tenant shifted to start at 0 (as trace replay does) and cut at the horizon."""
-    drawn = Simulation(scenario, seed)._requests  # the episode's draws, before anything ran
+    drawn = draw_requests(scenario, seed)  # the episode's draws
     first: dict[int, float] = {}
     for r in drawn:
         first.setdefault(r.tenant, r.arrival)
@@ -77,26 +77,20 @@ def nearest_rank(values: list[float], q: float) -> float | None:
 
 def simulate(scenario: Scenario, requests: list[Request], policy: str, seed: int) -> dict[str, Any]:
     """The policy on exactly ``requests``; run until drained after the horizon (no arrivals then)."""
-    spec = scenario.control_spec()
     ctrl = make_controller(policy)
-    ctrl.reset(spec, seed)
-    sim = Simulation(scenario, seed)
-    fresh = [Request(r.rid, r.tenant, r.arrival, r.prompt_tokens, r.output_tokens, r.u_service) for r in requests]
-    sim._requests, sim._next = fresh, 0  # the replayed draws instead of the original ones (a run mutates them)
+    ctrl.reset(scenario.control_spec(), seed)
+    sim = Simulation(scenario, seed, requests=requests)  # the replayed draws (copied: a run fills them in)
     names = [tc.name for tc in scenario.tenants]
-    decisions = []
-    t, end = 0.0, scenario.horizon_s + DRAIN_S
-    while t < end - 1e-9:
-        obs = sim.observe()
-        before = sim.limits
-        deltas = validate_deltas(ctrl.act(obs), spec)
-        after = sim.apply_deltas(deltas)
+    decisions: list[dict[str, Any]] = []
+
+    def log(t: float, obs: Observation, deltas: list[int], after: list[int]) -> None:
         if t < scenario.horizon_s:  # the load's span: what the live decision log is compared with
+            before = [int(x.limit) for x in obs.tenants]
             decisions.append({"t": round(t, 3), "observation": observation_summary(obs, names, {}),
                               "deltas": list(deltas), "limits_before": dict(zip(names, before, strict=True)),
                               "limits_after": dict(zip(names, after, strict=True))})
-        t = min(t + scenario.interval_s, end)
-        sim.advance(t)
+
+    sim.run(ctrl, until=scenario.horizon_s + DRAIN_S, on_decision=log, name=policy)
     tenants = {}
     for tc, tot in zip(scenario.tenants, sim.totals, strict=True):
         tenants[tc.name] = {"sent": tot.arrived, "completed": tot.completed,
@@ -104,7 +98,7 @@ def simulate(scenario: Scenario, requests: list[Request], policy: str, seed: int
                             "e2e_p99_s": nearest_rank(tot.e2e, 99), "ttft_p99_s": nearest_rank(tot.ttft, 99),
                             "e2e_p50_s": nearest_rank(tot.e2e, 50), "dropped": tot.dropped + tot.rejected}
     per_request: dict[str, list[float | None]] = {n: [] for n in names}  # e2e in arrival order, None if not served
-    for r in fresh:
+    for r in sim.requests:
         per_request[names[r.tenant]].append(None if np.isnan(r.finished) else r.finished - r.arrival)
     e2e = [x for tot in sim.totals for x in tot.e2e]
     ttft = [x for tot in sim.totals for x in tot.ttft]
