@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from admit.core.config import ConfigError
 
 LOCAL_API_KEY = "sk-local"  # llama.cpp and vLLM accept any key when started without one
 
@@ -60,9 +61,9 @@ class LLMConfig:
         }
         bad = [k for k, ok in checks.items() if not ok]
         if bad:
-            raise ValueError(f"llm settings: invalid value for {bad[0]}={getattr(self, bad[0])!r}")
+            raise ConfigError(f"llm settings: invalid value for {bad[0]}={getattr(self, bad[0])!r}")
         if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"llm settings: base_url must start with http:// or https://, got {self.base_url!r}")
+            raise ConfigError(f"llm settings: base_url must start with http:// or https://, got {self.base_url!r}")
 
     def resolved_api_key(self) -> str:
         return self.api_key or os.environ.get("OPENAI_API_KEY", "") or LOCAL_API_KEY
@@ -85,12 +86,12 @@ def _coerce(cfg: LLMConfig, values: Mapping[str, Any], origin: str) -> LLMConfig
     out: dict[str, Any] = {}
     for key, raw in values.items():
         if key not in types:
-            raise ValueError(f"llm settings ({origin}): unknown key {key!r}; allowed: {', '.join(sorted(types))}")
+            raise ConfigError(f"llm settings ({origin}): unknown key {key!r}; allowed: {', '.join(sorted(types))}")
         kind = {"str": str, "int": int, "float": float}[str(types[key])]
         try:
             out[key] = kind(raw)
         except (TypeError, ValueError):
-            raise ValueError(f"llm settings ({origin}): {key} must be {kind.__name__}, got {raw!r}") from None
+            raise ConfigError(f"llm settings ({origin}): {key} must be {kind.__name__}, got {raw!r}") from None
     return replace(cfg, **out)
 
 
@@ -103,7 +104,7 @@ def load_config(arg: str | None = None, env: Mapping[str, str] | None = None) ->
         if path:
             data = yaml.safe_load(Path(path).read_text()) or {}
             if not isinstance(data, dict):
-                raise ValueError(f"llm settings ({path}): expected a mapping of keys to values")
+                raise ConfigError(f"llm settings ({path}): expected a mapping of keys to values")
             cfg = _coerce(cfg, data, path)
     cfg = _coerce(cfg, {v: env[k] for k, v in _ENV.items() if env.get(k)}, "environment")
     if arg and not is_file:

@@ -8,6 +8,7 @@ import os
 import signal
 
 import typer
+from admit.core.config import ConfigError
 from admit.emulator.config import EmulatorConfig
 
 
@@ -37,12 +38,12 @@ async def run_server(config: EmulatorConfig, announce: bool = True) -> None:
 def _admin_token(token: str | None, env_var: str | None) -> str | None:
     """The token from ``--admin-token`` or the variable ``--admin-token-env`` names; None when neither is given."""
     if token is not None and env_var is not None:
-        raise ValueError("give --admin-token or --admin-token-env, not both")
+        raise ConfigError("give --admin-token or --admin-token-env, not both")
     if env_var is None:
         return token
     value = os.environ.get(env_var)
     if not value:
-        raise ValueError(f"--admin-token-env: environment variable {env_var} is not set")
+        raise ConfigError(f"--admin-token-env: environment variable {env_var} is not set")
     return value
 
 

@@ -19,6 +19,7 @@ import dataclasses
 import math
 from dataclasses import dataclass, field
 
+from admit.core.config import ConfigError
 from admit.engine.presets import Preset, get_preset
 from admit.engine.token_engine import TokenEngine
 
@@ -45,25 +46,25 @@ class EmulatorConfig:
     def __post_init__(self) -> None:
         get_preset(self.preset)  # a clear error naming the allowed presets
         if not 0 <= self.port <= 65535:
-            raise ValueError(f"port must be in 0..65535, got {self.port}")
+            raise ConfigError(f"port must be in 0..65535, got {self.port}")
         for name in ("max_model_len", "num_gpu_blocks", "max_num_seqs", "max_num_batched_tokens"):
             v = getattr(self, name)
             if v is not None and v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v}")
+                raise ConfigError(f"{name} must be >= 1, got {v}")
         if not (math.isfinite(self.output_median) and self.output_median >= 1):
-            raise ValueError(f"output_median must be >= 1, got {self.output_median}")
+            raise ConfigError(f"output_median must be >= 1, got {self.output_median}")
         if not (math.isfinite(self.output_sigma) and self.output_sigma >= 0):
-            raise ValueError(f"output_sigma must be >= 0, got {self.output_sigma}")
+            raise ConfigError(f"output_sigma must be >= 0, got {self.output_sigma}")
         if not (math.isfinite(self.startup_delay_s) and self.startup_delay_s >= 0):
-            raise ValueError(f"startup_delay_s must be >= 0, got {self.startup_delay_s}")
+            raise ConfigError(f"startup_delay_s must be >= 0, got {self.startup_delay_s}")
         if not (math.isfinite(self.latency_multiplier) and self.latency_multiplier > 0):
-            raise ValueError(f"latency_multiplier must be > 0, got {self.latency_multiplier}")
+            raise ConfigError(f"latency_multiplier must be > 0, got {self.latency_multiplier}")
         if self.admin_token is not None:  # the message never contains the token
             if len(self.admin_token) < MIN_TOKEN_LEN:
-                raise ValueError(f"the admin token needs at least {MIN_TOKEN_LEN} characters, "
+                raise ConfigError(f"the admin token needs at least {MIN_TOKEN_LEN} characters, "
                                  f"got {len(self.admin_token)}")
             if not all("!" <= c <= "~" for c in self.admin_token):
-                raise ValueError("the admin token must be visible ASCII characters (no spaces), "
+                raise ConfigError("the admin token must be visible ASCII characters (no spaces), "
                                  "as it travels in an HTTP header")
 
     def preset_obj(self) -> Preset:
@@ -86,7 +87,7 @@ class EmulatorConfig:
         )
         capacity = engine.num_gpu_blocks * engine.block_size
         if p.max_model_len > capacity:
-            raise ValueError(
+            raise ConfigError(
                 f"max_model_len {p.max_model_len} is more than the KV cache holds ({engine.num_gpu_blocks} blocks "
                 f"of {engine.block_size} = {capacity} tokens); lower --max-model-len or raise --num-gpu-blocks"
             )

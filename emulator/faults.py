@@ -19,10 +19,12 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from admit.core.config import ConfigError
+
 ERROR_STATUSES = (500, 503)
 
 
-class FaultError(ValueError):
+class FaultError(ConfigError):
     """A bad fault setting; ``param`` names the key."""
 
     def __init__(self, message: str, param: str | None) -> None:

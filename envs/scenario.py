@@ -14,22 +14,19 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import yaml
+from admit.core.config import ConfigError, error_lines
+from admit.core.slo import SLO
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.envs.workload import ArrivalSpec, SizeSpec, Trace
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 
-class ScenarioError(ValueError):
+class ScenarioError(ConfigError):
     """A scenario could not be found or is invalid; the message says what and what is allowed."""
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class SLO(_Model):
-    e2e_p99_s: float | None = Field(default=None, gt=0)
-    ttft_p99_s: float | None = Field(default=None, gt=0)
 
 
 class TenantConfig(_Model):
@@ -128,8 +125,8 @@ class Scenario(_Model):
         tenants = tuple(
             TenantSpec(
                 name=t.name,
-                slo_e2e_p99_s=t.slo.e2e_p99_s or math.inf,
-                slo_ttft_p99_s=t.slo.ttft_p99_s or math.inf,
+                slo_e2e_p99_s=t.slo.e2e_p99_bound,
+                slo_ttft_p99_s=t.slo.ttft_p99_bound,
                 weight=t.weight,
                 priority=t.priority,
             )
@@ -151,16 +148,7 @@ def bundled_scenarios() -> list[str]:
 
 
 def _format_errors(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        loc = ".".join(str(x) for x in e["loc"])
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-        elif e["type"] == "union_tag_invalid":
-            msg = f"{msg}"
-        lines.append(f"  {loc or '(top level)'}: {msg}")
-    return "\n".join(lines)
+    return "\n".join(f"  {line}" for line in error_lines(err))
 
 
 def parse_scenario(data: object, origin: str = "<dict>") -> Scenario:

@@ -78,7 +78,7 @@ class TenantSlots:
         self.n_tenants = len(tenants)
         self.nominal = [t.limit for t in tenants]
         self.priority = [t.priority for t in tenants]
-        self.ttl = [t.queue_ttl_s for t in tenants]
+        self.ttl = [t.queue_timeout_s for t in tenants]
         self.max_queue = [t.max_queue for t in tenants]
         self.hold_s = [1.0] * self.n_tenants
         self.queue_full = [0] * self.n_tenants

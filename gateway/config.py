@@ -14,8 +14,9 @@ Example::
         api_keys: [sk-chat-1]
         limit: 8
         max_queue: 64
-        queue_ttl_s: 5
+        queue_timeout_s: 5             # formerly queue_ttl_s (still read, with a deprecation warning)
         priority: 1
+        slo: {e2e_p99_s: 12}           # the objectives the Observation carries (core/slo.py)
         borrow: 8                      # may use up to 8 idle slots of others (needs capacity)
         envelopes:
           - {target: "*", requests_per_s: 20, request_burst: 40, tokens_per_s: 20000, token_burst: 60000}
@@ -33,12 +34,15 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from admit.core import config as core_config
+from admit.core.config import renamed_keys
+from admit.core.slo import SLO
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 ENVELOPE_TARGET_ANY = "*"
 
 
-class ConfigError(ValueError):
+class ConfigError(core_config.ConfigError):
     """A configuration file that cannot be used; the message names the key and what is allowed."""
 
 
@@ -93,18 +97,31 @@ class EnvelopeConfig(_Strict):
         return self.token_burst if self.token_burst is not None else max(1, math.ceil(self.tokens_per_s or 1))
 
 
+# old tenant keys -> their names in the vocabulary the scenario and the load generator share (docs/gateway.md)
+RENAMED_TENANT_KEYS = {
+    "queue_ttl_s": "queue_timeout_s",
+    "slo_e2e_p99_s": "slo.e2e_p99_s",
+    "slo_ttft_p99_s": "slo.ttft_p99_s",
+}
+
+
 class TenantConfig(_Strict):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     api_keys: tuple[str, ...] = ()
     limit: int = Field(default=4, ge=0, le=LIMIT_MAX)
     max_queue: int = Field(default=64, ge=0, le=LIMIT_MAX)
-    queue_ttl_s: float = Field(default=30.0, gt=0, le=86_400)
+    queue_timeout_s: float = Field(default=30.0, gt=0, le=86_400)
     priority: int = Field(default=0, ge=-1000, le=1000)
     weight: float = Field(default=1.0, gt=0, le=1e6)
     borrow: int = Field(default=0, ge=0, le=LIMIT_MAX)
     envelopes: tuple[EnvelopeConfig, ...] = ()
-    slo_e2e_p99_s: float | None = Field(default=None, gt=0)  # objectives the Observation carries (none = NO_SLO)
-    slo_ttft_p99_s: float | None = Field(default=None, gt=0)
+    slo: SLO = SLO()  # objectives the Observation carries (none = NO_SLO)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _old_names(cls, data: Any) -> Any:
+        where = f"tenant {data.get('name')!r}" if isinstance(data, dict) else "tenant"
+        return renamed_keys(data, RENAMED_TENANT_KEYS, where, "see docs/gateway.md")
 
     @field_validator("api_keys")
     @classmethod

@@ -35,7 +35,7 @@ class LocalAdmission(TenantSlots):
         self.capacity = capacity
         start = [0 if capacity is not None else t.limit for t in tenants]
         self.core = AdmissionCore(
-            [QueueConfig(s, t.max_queue, t.queue_ttl_s) for s, t in zip(start, tenants, strict=True)],
+            [QueueConfig(s, t.max_queue, t.queue_timeout_s) for s, t in zip(start, tenants, strict=True)],
             self._loop.time,
         )
         self._timer: asyncio.TimerHandle | None = None
@@ -187,7 +187,7 @@ class LocalAdmission(TenantSlots):
                 "in_flight": self.core.in_flight(i),
                 "queue_depth": self.core.queue_depth(i),
                 "max_queue": self.max_queue[i],
-                "queue_ttl_s": self.ttl[i],
+                "queue_timeout_s": self.ttl[i],
                 "admitted": c["admitted"],
                 "queue_full": self.queue_full[i],
                 "ttl_expired": self.ttl_expired[i],

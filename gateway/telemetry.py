@@ -56,7 +56,7 @@ def gateway_spec(cfg: GatewayConfig) -> ControlSpec:
     """The ControlSpec a gateway's configuration implies (``admit control --spec gateway``)."""
     c = cfg.control
     tenants = tuple(
-        TenantSpec(t.name, t.slo_e2e_p99_s or math.inf, t.slo_ttft_p99_s or math.inf, t.weight, t.priority)
+        TenantSpec(t.name, t.slo.e2e_p99_bound, t.slo.ttft_p99_bound, t.weight, t.priority)
         for t in cfg.tenants
     )
     lo = min(c.min_limit, c.max_limit)

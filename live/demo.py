@@ -34,8 +34,8 @@ def gateway_config(limit: int) -> dict[str, Any]:
         "telemetry": {"scrape_interval_s": 1, "stale_after_s": 5, "window_s": 6},
         "control": {"min_limit": 1, "max_limit": 4, "max_step": 1, "interval_s": 3},
         "tenants": [
-            {"name": n, "api_keys": [f"sk-demo-{n}-key"], "limit": limit, "max_queue": 64, "queue_ttl_s": 3,
-             "slo_e2e_p99_s": 12}
+            {"name": n, "api_keys": [f"sk-demo-{n}-key"], "limit": limit, "max_queue": 64, "queue_timeout_s": 3,
+             "slo": {"e2e_p99_s": 12}}
             for n in TENANTS
         ],
     }

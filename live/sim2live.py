@@ -115,11 +115,9 @@ def gateway_config(scenario: Scenario) -> dict[str, Any]:
         t: dict[str, Any] = {"name": tc.name, "api_keys": [f"sk-s2l-{tc.name}-key"], "limit": scenario.limits.initial,
                              "max_queue": scenario.max_queue(i)}
         if np.isfinite(scenario.queue_timeout(i)):
-            t["queue_ttl_s"] = scenario.queue_timeout(i)
-        if tc.slo.e2e_p99_s is not None:
-            t["slo_e2e_p99_s"] = tc.slo.e2e_p99_s
-        if tc.slo.ttft_p99_s is not None:
-            t["slo_ttft_p99_s"] = tc.slo.ttft_p99_s
+            t["queue_timeout_s"] = scenario.queue_timeout(i)
+        if tc.slo.given():
+            t["slo"] = tc.slo.given()  # one SLO shape in the scenario and the gateway (core/slo.py)
         tenants.append(t)
     lim = scenario.limits
     return {"telemetry": {"scrape_interval_s": 1, "stale_after_s": 5, "window_s": scenario.window_s},
@@ -132,7 +130,8 @@ def load_config(scenario: Scenario, trace: Path) -> dict[str, Any]:
     return {"api": "completions", "duration": scenario.horizon_s, "seed": 0, "workers": 1, "timeout": 120,
             "lag_bound_ms": 50, "ignore_eos": True, "unique_prompts": False,
             "tenants": [{"name": tc.name, "arrival": "trace", "trace": str(trace), "trace_tenant": tc.name,
-                         "api_key": f"sk-s2l-{tc.name}-key"} for tc in scenario.tenants]}
+                         "api_key": f"sk-s2l-{tc.name}-key", **({"slo": tc.slo.given()} if tc.slo.given() else {})}
+                        for tc in scenario.tenants]}
 
 
 def compare(sim: dict[str, Any], lives: list[dict[str, Any]]) -> dict[str, Any]:

@@ -14,8 +14,12 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from admit.core import config as core_config
+from admit.core.config import error_lines
+from admit.core.slo import SLO
 from admit.loadgen.arrivals import PROCESSES, ArrivalSpec
 from admit.loadgen.lengths import LengthDist, parse_length
+from pydantic import ValidationError
 
 ARRIVALS = (*PROCESSES, "trace")
 APIS = ("completions", "chat")
@@ -31,7 +35,7 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-class ConfigError(ValueError):
+class ConfigError(core_config.ConfigError):
     """A bad configuration key or value; the message names it and what is allowed."""
 
 
@@ -53,6 +57,9 @@ class TenantConfig:
     trace: str | None = None
     trace_speedup: float = 1.0
     trace_tenant: str | None = None
+    # the tenant's objectives in the scenario's and the gateway's shape (core/slo.py); the stage summary
+    # writes them beside the tenant's measured latencies
+    slo: SLO = field(default_factory=SLO)
 
     def arrival_spec(self, scale: float = 1.0) -> ArrivalSpec:
         return ArrivalSpec(self.arrival, self.rate * scale, self.burstiness, self.rate_start * scale)
@@ -198,6 +205,16 @@ def _coerce(key: str, value: Any, target: Any) -> Any:
     return value
 
 
+def _slo(key: str, value: Any) -> SLO:
+    if not isinstance(value, dict):
+        raise ConfigError(f"{key}: expected a mapping of objectives ({', '.join(SLO.model_fields)}), got {value!r}")
+    try:
+        return SLO.model_validate(value)
+    except ValidationError as exc:
+        lines = "; ".join(f"{key}.{line}" for line in error_lines(exc))
+        raise ConfigError(f"{lines} (keys: {', '.join(SLO.model_fields)})") from None
+
+
 def _from_mapping(cls: type, data: dict[str, Any], where: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
     fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
     if not isinstance(data, dict):
@@ -223,6 +240,8 @@ def _from_mapping(cls: type, data: dict[str, Any], where: str, skip: tuple[str, 
             out[key] = _coerce(f"{where}: {key}", value, bool)
         elif ftype == "LengthDist":
             out[key] = _coerce(f"{where}: {key}", value, LengthDist)
+        elif ftype == "SLO":
+            out[key] = _slo(f"{where}: {key}", value)
         else:
             out[key] = _coerce(f"{where}: {key}", value, str)
     return out

@@ -96,6 +96,8 @@ def stage_summary(r: StageResult) -> dict[str, Any]:
         name: _block(m, span_s, r.per_tenant_scheduled.get(name, m.scheduled), r.duration_s, r.send_span_s)
         for name, m in r.tenants.items()
     }
+    for name, slo in r.per_tenant_slo.items():  # the tenant's objectives (seconds) beside its latencies (ms)
+        out["tenants"][name]["slo"] = slo
     out["histograms_ns"] = {k: h.to_dict() for k, h in total.hist.items()}
     return out
 

@@ -56,6 +56,7 @@ class StageResult:
     lag_bound_ms: float
     min_achieved: float
     per_tenant_scheduled: dict[str, int] = field(default_factory=dict)
+    per_tenant_slo: dict[str, dict[str, float]] = field(default_factory=dict)  # the objectives that are set
 
     @property
     def total(self) -> TenantMetrics:
@@ -239,6 +240,7 @@ def run_stage(
         lag_bound_ms=cfg.lag_bound_ms,
         min_achieved=cfg.min_achieved,
         per_tenant_scheduled=dict(zip(names, schedule.count_by_tenant(len(names)), strict=True)),
+        per_tenant_slo={t.name: t.slo.given() for t in cfg.tenants if t.slo.given()},
     )
 
 

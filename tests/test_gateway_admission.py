@@ -71,11 +71,11 @@ def mock() -> Iterator[CountingMock]:
 @pytest.fixture(scope="module")
 def gw(mock: CountingMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     cfg = {"tenants": [
-        tenant_cfg("exact", limit=3, max_queue=100, queue_ttl_s=30),
-        tenant_cfg("small", limit=1, max_queue=2, queue_ttl_s=30),
-        tenant_cfg("short", limit=1, max_queue=10, queue_ttl_s=0.3),
-        tenant_cfg("fifo", limit=1, max_queue=20, queue_ttl_s=30),
-        tenant_cfg("grow", limit=1, max_queue=20, queue_ttl_s=30),
+        tenant_cfg("exact", limit=3, max_queue=100, queue_timeout_s=30),
+        tenant_cfg("small", limit=1, max_queue=2, queue_timeout_s=30),
+        tenant_cfg("short", limit=1, max_queue=10, queue_timeout_s=0.3),
+        tenant_cfg("fifo", limit=1, max_queue=20, queue_timeout_s=30),
+        tenant_cfg("grow", limit=1, max_queue=20, queue_timeout_s=30),
     ]}
     g = GatewayProcess(tmp_path_factory.mktemp("gw"), mock.url, cfg)
     yield g

@@ -163,8 +163,8 @@ async def _chaos(url: str, mock: CountingMock) -> tuple[list[Outcome | BaseExcep
 
 def test_chaos_leaves_no_request_unfinished_and_no_slot_behind(mock: CountingMock, tmp_path) -> None:
     cfg = {"max_body_bytes": 4096, "tenants": [
-        tenant_cfg("red", limit=4, max_queue=30, queue_ttl_s=2.0),
-        tenant_cfg("blue", limit=3, max_queue=5, queue_ttl_s=1.0,
+        tenant_cfg("red", limit=4, max_queue=30, queue_timeout_s=2.0),
+        tenant_cfg("blue", limit=3, max_queue=5, queue_timeout_s=1.0,
                    envelopes=[{"target": "*", "requests_per_s": 8, "request_burst": 10}]),
     ]}
     g = GatewayProcess(tmp_path, mock.url, cfg)

@@ -72,3 +72,35 @@ def test_request_body_validation_and_estimate() -> None:
             parse_request(bad, chat=False)
     with pytest.raises(BadBody, match="messages"):
         parse_request(b'{"model":"m","messages":[]}', chat=True)
+
+
+def test_tenant_keys_are_the_shared_vocabulary() -> None:
+    c = parse_config({"tenants": [{"name": "a", "api_keys": ["sk-aaaaaaaa"], "queue_timeout_s": 5,
+                                   "slo": {"e2e_p99_s": 12, "ttft_p99_s": 2}}]})
+    t = c.tenants[0]
+    assert t.queue_timeout_s == 5 and t.slo.e2e_p99_s == 12 and t.slo.ttft_p99_s == 2
+    msg = error({"tenants": [{"name": "a", "api_keys": ["sk-aaaaaaaa"], "slo": {"e2e_p99": 12}}]})
+    assert "tenants.0.slo.e2e_p99" in msg and "e2e_p99_s" in msg and "ttft_p99_s" in msg  # the allowed keys
+
+
+@pytest.mark.parametrize(
+    "old, new, read",
+    [
+        ({"queue_ttl_s": 5}, "queue_timeout_s", lambda t: t.queue_timeout_s == 5),
+        ({"slo_e2e_p99_s": 12}, "slo.e2e_p99_s", lambda t: t.slo.e2e_p99_s == 12 and t.slo.ttft_p99_s is None),
+        ({"slo_ttft_p99_s": 2}, "slo.ttft_p99_s", lambda t: t.slo.ttft_p99_s == 2 and t.slo.e2e_p99_s is None),
+    ],
+)
+def test_old_tenant_key_names_still_load_and_warn(old: dict[str, Any], new: str, read: Any) -> None:
+    from admit.core.config import DeprecatedKeyWarning
+
+    with pytest.warns(DeprecatedKeyWarning, match=rf"tenant 'a': '{next(iter(old))}' is deprecated.*'{new}'"):
+        c = parse_config({"tenants": [{"name": "a", "api_keys": ["sk-aaaaaaaa"], **old}]})
+    assert read(c.tenants[0])
+
+
+def test_old_and_new_name_of_one_key_is_an_error() -> None:
+    both = {"name": "a", "api_keys": ["sk-aaaaaaaa"], "queue_ttl_s": 5, "queue_timeout_s": 6}
+    assert "both 'queue_ttl_s' and its new name 'queue_timeout_s'" in error({"tenants": [both]})
+    both = {"name": "a", "api_keys": ["sk-aaaaaaaa"], "slo_e2e_p99_s": 5, "slo": {"e2e_p99_s": 6}}
+    assert "both 'slo_e2e_p99_s' and its new name 'slo.e2e_p99_s'" in error({"tenants": [both]})

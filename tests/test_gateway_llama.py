@@ -34,8 +34,8 @@ TIMEOUT_S = 120.0  # a 135M model on two shared cores
 
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
-    cfg = {"tenants": [tenant_cfg("solo", limit=1, max_queue=16, queue_ttl_s=200),
-                       tenant_cfg("pair", limit=2, max_queue=16, queue_ttl_s=200)],
+    cfg = {"tenants": [tenant_cfg("solo", limit=1, max_queue=16, queue_timeout_s=200),
+                       tenant_cfg("pair", limit=2, max_queue=16, queue_timeout_s=200)],
            "telemetry": {"nvml": False}}
     g = GatewayProcess(tmp_path_factory.mktemp("gw-llama"), BASE, cfg)
     yield g

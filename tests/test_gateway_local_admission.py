@@ -13,7 +13,7 @@ from admit.gateway.local_admission import LocalAdmission
 
 def tenants(*specs: tuple[int, int]) -> list[TenantConfig]:
     return [TenantConfig(name=f"t{i}", api_keys=(f"sk-key-{i:04d}",), limit=lim, borrow=b, max_queue=100,
-                         queue_ttl_s=30) for i, (lim, b) in enumerate(specs)]
+                         queue_timeout_s=30) for i, (lim, b) in enumerate(specs)]
 
 
 def test_a_slot_handed_to_a_waiter_that_just_left_goes_back() -> None:
@@ -38,7 +38,7 @@ def test_a_slot_handed_to_a_waiter_that_just_left_goes_back() -> None:
 
 def test_ttl_timer_defers_waiters_without_a_release() -> None:
     async def run() -> None:
-        cfg = [TenantConfig(name="t", api_keys=("sk-key-0000",), limit=1, queue_ttl_s=0.05)]
+        cfg = [TenantConfig(name="t", api_keys=("sk-key-0000",), limit=1, queue_timeout_s=0.05)]
         adm = LocalAdmission(cfg)
         held = await adm.acquire(0)
         loop = asyncio.get_running_loop()

@@ -43,7 +43,7 @@ def gateway(tmp: Path, mock: CountingMock, rs: RedisServer, mode: str, limit: in
             wait: bool = True) -> GatewayProcess:
     tmp.mkdir()
     cfg = {"redis": {"url": rs.url, "failure_mode": mode, "lease_ttl_s": 30, "poll_s": 0.05, "timeout_s": 1},
-           "tenants": [tenant_cfg("a", limit=limit, max_queue=50, queue_ttl_s=60)]}
+           "tenants": [tenant_cfg("a", limit=limit, max_queue=50, queue_timeout_s=60)]}
     return GatewayProcess(tmp, mock.url, cfg, wait=wait)
 
 

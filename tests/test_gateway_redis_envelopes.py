@@ -38,14 +38,14 @@ def config(rs: RedisServer, mode: str, burst: int = 6) -> dict[str, Any]:
                 "req",
                 limit=8,
                 max_queue=50,
-                queue_ttl_s=60,
+                queue_timeout_s=60,
                 envelopes=[{"target": "*", "requests_per_s": RATE, "request_burst": burst}],
             ),
             tenant_cfg(
                 "tok",
                 limit=8,
                 max_queue=50,
-                queue_ttl_s=60,
+                queue_timeout_s=60,
                 envelopes=[{"target": "mock", "tokens_per_s": 1, "token_burst": 200}],
             ),
             tenant_cfg(
@@ -292,7 +292,8 @@ def quiet(rs: RedisServer, **tenant: Any) -> dict[str, Any]:
     env = {"target": "mock", "requests_per_s": RATE, "request_burst": 4}
     return {
         "redis": {"url": rs.url, "failure_mode": "closed", "lease_ttl_s": 300, "poll_s": 30, "timeout_s": 1},
-        "tenants": [tenant_cfg("q", **{"limit": 1, "max_queue": 5, "queue_ttl_s": 60, "envelopes": [env], **tenant})],
+        "tenants": [tenant_cfg("q", **{"limit": 1, "max_queue": 5, "queue_timeout_s": 60, "envelopes": [env],
+                                       **tenant})],
     }
 
 
@@ -352,8 +353,8 @@ def test_a_full_limit_queues_then_admits_and_an_expired_wait_is_refunded(
     tmp_path: Path, mock: CountingMock, rs: RedisServer
 ) -> None:
     """Limit 1: a request charged while the slot is taken waits in the queue and is admitted when it frees
-    (its charge stays spent); one whose wait outlives queue_ttl_s gets 429 ttl-expired and its unit back."""
-    g = GatewayProcess(tmp_path, mock.url, quiet(rs, queue_ttl_s=2.5))
+    (its charge stays spent); one whose wait outlives queue_timeout_s gets 429 ttl-expired and its unit back."""
+    g = GatewayProcess(tmp_path, mock.url, quiet(rs, queue_timeout_s=2.5))
 
     def left() -> float:
         return float(envelope(g, "q")["requests"]["remaining"])

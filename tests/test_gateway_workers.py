@@ -48,7 +48,7 @@ def test_workers_need_the_redis_backend(tmp_path: Path) -> None:
 def test_two_workers_share_one_limit_and_stop_together(tmp_path: Path, rs: RedisServer) -> None:
     mock = CountingMock(itl_ms=25)
     cfg = {"redis": {"url": rs.url, "poll_s": 0.02, "timeout_s": 1},
-           "tenants": [tenant_cfg("a", limit=3, max_queue=50, queue_ttl_s=60)]}
+           "tenants": [tenant_cfg("a", limit=3, max_queue=50, queue_timeout_s=60)]}
     proc = _spawn(tmp_path, mock.url, cfg, 2)
     try:
         try:

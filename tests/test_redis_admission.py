@@ -20,7 +20,7 @@ pytestmark = pytest.mark.timeout(60)
 
 def test_a_crashed_replicas_slots_come_back_after_the_lease_ttl(rs: RedisServer) -> None:
     cfg = RedisConfig(url=rs.url, lease_ttl_s=1.0, poll_s=0.05)
-    tenants = [TenantConfig(name="a", limit=2, queue_ttl_s=20)]
+    tenants = [TenantConfig(name="a", limit=2, queue_timeout_s=20)]
 
     async def run() -> tuple[float, float, int]:
         dead, alive = RedisAdmission(tenants, cfg, "dead"), RedisAdmission(tenants, cfg, "alive")
@@ -267,7 +267,7 @@ def test_a_broken_lease_key_answers_its_queued_request_and_blocks_no_recovery(rs
     from admit.gateway.admission import Deferred
     from admit.gateway.redis.admission import ADMISSION_ERROR, AdmissionError
 
-    tenants = [TenantConfig(name="a", limit=2, queue_ttl_s=20), TenantConfig(name="b", limit=1, queue_ttl_s=20)]
+    tenants = [TenantConfig(name="a", limit=2, queue_timeout_s=20), TenantConfig(name="b", limit=1, queue_timeout_s=20)]
     cfg = RedisConfig(url=rs.url, failure_mode="closed", poll_s=0.05, lease_ttl_s=30, timeout_s=1)
 
     async def until(pred: Any, what: str, timeout: float = 10) -> None:

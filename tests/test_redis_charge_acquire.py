@@ -58,7 +58,7 @@ async def replica(
 ) -> tuple[RedisAdmission, SharedEnvelopeBook]:
     """One replica's backends; refresh and renewal far apart, so that only the calls under test reach Redis."""
     cfg = RedisConfig(url=rs.url, failure_mode=mode, poll_s=30, lease_ttl_s=300, timeout_s=1)
-    adm = RedisAdmission([TenantConfig(name="a", limit=limit, max_queue=max_queue, queue_ttl_s=20)], cfg, "r1")
+    adm = RedisAdmission([TenantConfig(name="a", limit=limit, max_queue=max_queue, queue_timeout_s=20)], cfg, "r1")
     await adm.start()
     book = SharedEnvelopeBook(cfg, time.monotonic)
     book.configure("a", EnvelopeConfig(target="*", requests_per_s=0.01, request_burst=burst), time.monotonic())

@@ -25,13 +25,14 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
+from admit.core.config import ConfigError
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 Algo = Literal["ppo", "a2c", "dqn", "sac"]
 ALGOS: tuple[str, ...] = ("ppo", "a2c", "dqn", "sac")
 
 
-class TrainConfigError(ValueError):
+class TrainConfigError(ConfigError):
     """A training configuration is invalid; the message names the key and what is allowed."""
 
 

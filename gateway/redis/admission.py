@@ -11,7 +11,7 @@ limit. A request with rate envelopes takes its first try in the same script as i
 A replica renews the leases of its running requests every ``lease_ttl_s / 3``; a replica that
 crashes stops renewing and its slots come back ``lease_ttl_s`` later.
 
-**Queueing** is per replica: each replica keeps the tenant's FIFO queue (``max_queue``, ``queue_ttl_s``)
+**Queueing** is per replica: each replica keeps the tenant's FIFO queue (``max_queue``, ``queue_timeout_s``)
 for its own clients, and the head of that queue retries when a slot of this replica frees, when a limit
 changes, and every ``poll_s`` (a slot freed by another replica). Fairness across replicas is therefore
 approximate: whichever replica's head asks first after a slot frees gets it, and a tenant may have up to
@@ -562,7 +562,7 @@ class RedisAdmission(TenantSlots):
                 "shared_in_flight": self.shared[i],
                 "queue_depth": self.queue_depth(i),
                 "max_queue": self.max_queue[i],
-                "queue_ttl_s": self.ttl[i],
+                "queue_timeout_s": self.ttl[i],
                 "admitted": self.admitted[i],
                 "queue_full": self.queue_full[i],
                 "ttl_expired": self.ttl_expired[i],

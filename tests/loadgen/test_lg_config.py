@@ -83,3 +83,23 @@ def test_length_forms():
     assert abs(np.median(ln) - 100) < 3
     with pytest.raises(ValueError, match="uniform needs 1 <= LO <= HI"):
         parse_length("uniform:5:2")
+
+
+def test_tenant_slo_is_the_shared_shape(tmp_path):
+    from admit.core.config import ConfigError as AnyConfigError
+    from admit.loadgen.metrics import TenantMetrics
+    from admit.loadgen.report import stage_summary
+    from admit.loadgen.runner import StageResult
+
+    p = tmp_path / "load.yaml"
+    p.write_text("tenants:\n  - {name: a, rate: 10, slo: {e2e_p99_s: 12, ttft_p99_s: 2}}\n  - {name: b, rate: 5}\n")
+    cfg = load_yaml(p).validate()
+    assert cfg.tenants[0].slo.e2e_p99_s == 12 and cfg.tenants[1].slo.given() == {}
+    r = StageResult(0, 15.0, 1.0, 0, 0, {"a": TenantMetrics(), "b": TenantMetrics()}, 0, 0, 1, 1, 0.0, 0, 0,
+                    5.0, 0.99, per_tenant_slo={"a": cfg.tenants[0].slo.given()})
+    tenants = stage_summary(r)["tenants"]
+    assert tenants["a"]["slo"] == {"e2e_p99_s": 12.0, "ttft_p99_s": 2.0} and "slo" not in tenants["b"]
+    p.write_text("tenants:\n  - {name: a, rate: 10, slo: {e2e_p99: 12}}\n")
+    with pytest.raises(ConfigError, match=r"tenant 'a': slo\.e2e_p99: unknown key") as exc:
+        load_yaml(p)
+    assert isinstance(exc.value, AnyConfigError)
