@@ -1,37 +1,8 @@
 """TenantAdmission-v0: per-tenant admission concurrency in front of a simulated multi-tenant LLM server.
 
-Registered as ``admit/TenantAdmission-v0`` when ``admit`` is imported::
-
-    import admit, gymnasium
-    env = gymnasium.make("admit/TenantAdmission-v0", scenario="seed-paper")
-
-## Description
-Several tenants send requests to one shared server (a slot engine or a token-level engine). In front of
-the server, each tenant has an admission queue and a concurrency limit: at most ``limit`` of its
-requests run at once, the rest wait in FIFO order and are dropped after the scenario's queue timeout.
-Every ``interval_s`` seconds of simulated time the agent moves each tenant's limit.
-
-## Observation space
-``Box(0, 1e6, (3 + 17·n,), float32)`` for n tenants: three global features (GPU-memory utilisation,
-requests running and waiting in the engine) and, per tenant, queue depth, in-flight, limit,
-arrivals/completions/drops/rejections in the telemetry window, e2e and TTFT p50/p95/p99, sample count,
-queue-wait p99 and the tenant's two SLOs. ``admit.core.observation`` documents the exact layout.
-
-## Action space
-``MultiDiscrete([2k+1] * n)``: entry a_i means a delta of ``a_i − k`` for tenant i (k = the scenario's
-``limits.max_step``). New limits are clamped to ``[limits.min, limits.max]``.
-
-## Reward
-Per interval of length Δ: ``w_tp·completions/Δ − w_slo·slo_violations/Δ − w_drop·(drops+rejections)/Δ
-− w_cost·Σ limits/(n·max) − w_change·Σ|delta|``, weights from the scenario's ``reward`` block. Every
-term is also reported in ``info["reward_terms"]``.
-
-## Episode end
-Truncated when simulated time reaches ``horizon_s``; never terminated.
-
-## Determinism
-``reset(seed=s)`` draws the whole episode's workload from ``s``; the same seed and actions give the same
-trajectory, and ``admit evaluate`` on seed s sees exactly the same requests.
+``TenantAdmissionEnv``'s class docstring is the env's documentation, in Gymnasium's sections (``help(env)``
+shows it; its examples run as doctests under pytest). ``FEATURES`` gives every observation feature its unit
+and range; the docstring's Observation Space table is ``observation_table()``'s output, checked by a test.
 """
 
 from __future__ import annotations
@@ -40,14 +11,228 @@ from typing import Any
 
 import gymnasium as gym
 import numpy as np
-from admit.core.observation import FEATURE_MAX, GLOBAL_FEATURES, TENANT_FEATURES, Observation, vector_from_values
+from admit.core.observation import (
+    FEATURE_MAX,
+    GLOBAL_FEATURES,
+    NO_SLO,
+    TENANT_FEATURES,
+    Observation,
+    vector_from_values,
+)
 from admit.envs.scenario import Scenario, load_scenario
-from admit.envs.simulation import Simulation
+from admit.envs.simulation import Simulation, decision_count
 
 _E2E_P99 = TENANT_FEATURES.index("e2e_p99")
 
 
+def _num(x: float) -> str:
+    return f"{x:.0e}".replace("e+0", "e")  # 1e6, 1e4: how the docs write FEATURE_MAX and NO_SLO
+
+
+_MAX = _num(FEATURE_MAX)
+
+# feature -> (unit, min, max) of the values it takes, for the class docstring's table; the layout itself
+# (order, names) is admit.core.observation's, the units are those of its module docstring. "window": the
+# scenario's telemetry window (window_s); percentiles are over the completions in it.
+FEATURES: dict[str, tuple[str, str, str]] = {
+    "gpu_mem_util": ("fraction of slots / KV cache in use", "0", "1"),
+    "engine_running": ("requests running in the engine", "0", _MAX),
+    "engine_waiting": ("requests waiting inside the engine", "0", _MAX),
+    "queue_depth": ("requests in tenant i's admission queue", "0", _MAX),
+    "in_flight": ("tenant i's requests admitted, not finished", "0", _MAX),
+    "limit": ("requests: tenant i's concurrency limit", "limits.min", "limits.max"),
+    "arrivals": ("requests arrived in the window", "0", _MAX),
+    "completions": ("requests completed in the window", "0", _MAX),
+    "drops": ("queue-timeout drops in the window", "0", _MAX),
+    "rejections": ("queue-full rejections in the window", "0", _MAX),
+    "e2e_p50": ("s, arrival → last token", "0", _MAX),
+    "e2e_p95": ("s, arrival → last token", "0", _MAX),
+    "e2e_p99": ("s, arrival → last token", "0", _MAX),
+    "ttft_p50": ("s, arrival → first token", "0", _MAX),
+    "ttft_p95": ("s, arrival → first token", "0", _MAX),
+    "ttft_p99": ("s, arrival → first token", "0", _MAX),
+    "samples": ("completions behind the percentiles", "0", _MAX),
+    "queue_wait_p99": ("s waited in the admission queue", "0", _MAX),
+    "slo_e2e_p99": (f"s, the e2e p99 objective ({_num(NO_SLO)} = none)", "> 0", _MAX),
+    "slo_ttft_p99": (f"s, the TTFT p99 objective ({_num(NO_SLO)} = none)", "> 0", _MAX),
+}
+
+
+def observation_table() -> str:
+    """The Num / Feature / Unit / Min / Max table of the observation vector, from the layout and ``FEATURES``.
+
+    Raises KeyError naming a feature of the layout that ``FEATURES`` does not describe.
+    """
+    n_global, per = len(GLOBAL_FEATURES), len(TENANT_FEATURES)
+    rows = [(str(j), name) for j, name in enumerate(GLOBAL_FEATURES)]
+    rows += [(f"{n_global} + {per}·i + {j}", name) for j, name in enumerate(TENANT_FEATURES)]
+    missing = [name for _, name in rows if name not in FEATURES]
+    if missing:
+        raise KeyError(f"observation features without a unit and range in envs/env.py FEATURES: {missing}")
+    table = [("Num", "Feature", "Unit", "Min", "Max"), *((num, f"`{name}`", *FEATURES[name]) for num, name in rows)]
+    widths = [max(len(r[c]) for r in table) for c in range(5)]
+    lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) + " |" for r in table]
+    lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
+    return "\n".join(lines)
+
+
 class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
+    """Per-tenant admission concurrency in front of a simulated multi-tenant LLM server.
+
+    ## Description
+
+    Several tenants send requests to one shared server: a slot engine (a pool of identical slots with
+    random service times) or a token-level engine (vLLM-style continuous batching over a KV cache). In
+    front of the server each tenant has an admission queue and a concurrency limit: at most ``limit`` of
+    its requests run at once, the rest wait in FIFO order, dropped after the scenario's queue timeout and
+    rejected when the queue is full. Every ``interval_s`` seconds of simulated time the agent moves each
+    tenant's limit. A scenario (``admit scenarios`` lists the bundled ones, envs/scenarios/*.yaml) names
+    the tenants (arrivals, request sizes, SLOs), the engine, the queues, the limit bounds, the interval,
+    the horizon and the reward weights. The same decisions drive the live gateway (``admit control``):
+    the observation is the one it serves, the clamp the one it applies.
+
+    ## Action Space
+
+    The action is a `ndarray` with shape ``(n,)`` for n tenants, in ``MultiDiscrete([2k + 1] * n)`` with
+    k = the scenario's ``limits.max_step``: entry ``a_i`` moves tenant i's limit by ``a_i - k``. With k = 1
+    (seed-paper):
+
+    - 0: lower the tenant's limit by 1
+    - 1: hold it
+    - 2: raise it by 1
+
+    The new limit is clamped to ``[limits.min, limits.max]`` (``Limits.apply``). An action of another
+    shape, not integral or out of range raises ValueError naming the allowed values.
+
+    ## Observation Space
+
+    The observation is a float32 `ndarray` with shape ``(3 + 17·n,)``: three global features, then 17 for
+    each tenant i in the scenario's order (the layout of ``admit.core.observation``, the vector the live
+    gateway serves too). Counts are over the scenario's telemetry window (``window_s``); percentiles over
+    the completions in it.
+
+    | Num           | Feature          | Unit                                       | Min        | Max        |
+    |---------------|------------------|--------------------------------------------|------------|------------|
+    | 0             | `gpu_mem_util`   | fraction of slots / KV cache in use        | 0          | 1          |
+    | 1             | `engine_running` | requests running in the engine             | 0          | 1e6        |
+    | 2             | `engine_waiting` | requests waiting inside the engine         | 0          | 1e6        |
+    | 3 + 17·i + 0  | `queue_depth`    | requests in tenant i's admission queue     | 0          | 1e6        |
+    | 3 + 17·i + 1  | `in_flight`      | tenant i's requests admitted, not finished | 0          | 1e6        |
+    | 3 + 17·i + 2  | `limit`          | requests: tenant i's concurrency limit     | limits.min | limits.max |
+    | 3 + 17·i + 3  | `arrivals`       | requests arrived in the window             | 0          | 1e6        |
+    | 3 + 17·i + 4  | `completions`    | requests completed in the window           | 0          | 1e6        |
+    | 3 + 17·i + 5  | `drops`          | queue-timeout drops in the window          | 0          | 1e6        |
+    | 3 + 17·i + 6  | `rejections`     | queue-full rejections in the window        | 0          | 1e6        |
+    | 3 + 17·i + 7  | `e2e_p50`        | s, arrival → last token                    | 0          | 1e6        |
+    | 3 + 17·i + 8  | `e2e_p95`        | s, arrival → last token                    | 0          | 1e6        |
+    | 3 + 17·i + 9  | `e2e_p99`        | s, arrival → last token                    | 0          | 1e6        |
+    | 3 + 17·i + 10 | `ttft_p50`       | s, arrival → first token                   | 0          | 1e6        |
+    | 3 + 17·i + 11 | `ttft_p95`       | s, arrival → first token                   | 0          | 1e6        |
+    | 3 + 17·i + 12 | `ttft_p99`       | s, arrival → first token                   | 0          | 1e6        |
+    | 3 + 17·i + 13 | `samples`        | completions behind the percentiles         | 0          | 1e6        |
+    | 3 + 17·i + 14 | `queue_wait_p99` | s waited in the admission queue            | 0          | 1e6        |
+    | 3 + 17·i + 15 | `slo_e2e_p99`    | s, the e2e p99 objective (1e4 = none)      | > 0        | 1e6        |
+    | 3 + 17·i + 16 | `slo_ttft_p99`   | s, the TTFT p99 objective (1e4 = none)     | > 0        | 1e6        |
+
+    **Note:** the space is ``Box(0, 1e6)`` for every entry (``FEATURE_MAX``; every value is clipped to
+    it); Min and Max above are the ranges the values take. Percentiles of an empty window are 0 with
+    ``samples`` = 0. The slot engine's first token is its service start, so TTFT there is the time to
+    service. A tenant without an SLO reads ``NO_SLO`` = 1e4. ``env.unwrapped.last_observation`` is the
+    same observation as an ``Observation`` object.
+
+    ## Rewards
+
+    Per interval of Δ = ``interval_s`` seconds, with weights ``w`` from the scenario's ``reward`` block:
+
+        w.throughput · completions / Δ − w.slo_violation · slo_violations / Δ − w.drop · (drops + rejections) / Δ
+        − w.cost · Σ limits / (n · limits.max) − w.change · Σ |new limit − old limit|
+
+    A completion over its tenant's e2e or TTFT objective is a violation. seed-paper weighs throughput 1,
+    violations 0.5, drops 1, cost and change 0. Every term is in ``info["reward_terms"]``; ``info`` also
+    has ``limits``, ``time_s``, ``completions``, ``drops``, ``slo_violations`` and ``p99_s`` (the largest
+    tenant e2e p99 of the window).
+
+    ## Starting State
+
+    ``reset(seed=s)`` starts at t = 0 with empty queues, an idle engine and every limit at
+    ``limits.initial``: the observation is zero but for the limits and the SLOs. The whole episode's
+    workload (arrival times, request sizes, service draws) is drawn from s, so the same seed and actions
+    give the same trajectory, and ``admit evaluate`` on seed s sees exactly the same requests (common
+    random numbers). Without a seed one is drawn from the env's ``np_random``; ``info["episode_seed"]``
+    says which. ``options`` are not used.
+
+    ## Episode End
+
+    The episode is never terminated. It is truncated when simulated time reaches ``horizon_s``: after
+    ``env.unwrapped.max_episode_steps`` = ⌈horizon_s / interval_s⌉ steps (seed-paper: 1800 s / 3 s = 600),
+    the last interval cut short where the interval does not divide the horizon. The truncating step's
+    ``info["episode_metrics"]`` holds the episode's metrics (throughput, p99, drops, SLO attainment,
+    Jain's fairness). Call ``reset()`` then.
+
+    ``admit/TenantAdmission-v0`` takes any scenario, so it has no ``TimeLimit`` (one step count would cut
+    a longer scenario short): the env truncates at its own horizon. Each bundled scenario also has an id
+    of its own, ``admit/TenantAdmission-<scenario>-v0`` (e.g. ``admit/TenantAdmission-seed-paper-v0``),
+    registered with the scenario bound and ``max_episode_steps`` = its step count, so that tools reading
+    ``env.spec.max_episode_steps`` see it; its ``TimeLimit`` truncates at exactly the step the env does.
+
+    ## Arguments
+
+    ```python
+    >>> import admit, gymnasium
+    >>> import numpy as np
+    >>> env = gymnasium.make("admit/TenantAdmission-v0", scenario="seed-paper")
+    >>> env
+    <OrderEnforcing<PassiveEnvChecker<TenantAdmissionEnv<admit/TenantAdmission-v0>>>>
+    >>> obs, info = env.reset(seed=0)
+    >>> obs.shape, obs.dtype, env.action_space
+    ((37,), dtype('float32'), MultiDiscrete([3 3]))
+    >>> info
+    {'episode_seed': 0, 'limits': [4, 4], 'time_s': 0.0}
+    >>> obs, reward, terminated, truncated, info = env.step(np.array([1, 0]))  # hold, lower
+    >>> info["limits"], info["time_s"], terminated, truncated
+    ([4, 3], 3.0, False, False)
+    >>> env.unwrapped.max_episode_steps, env.spec.max_episode_steps is None
+    (600, True)
+    >>> bound = gymnasium.make("admit/TenantAdmission-seed-paper-v0")
+    >>> bound.spec.max_episode_steps, bound.spec.kwargs
+    (600, {'scenario': 'seed-paper'})
+
+    ```
+
+    | Parameter     | Type                | Default        | Description                                          |
+    |---------------|---------------------|----------------|------------------------------------------------------|
+    | `scenario`    | **str**, `Scenario` | `"seed-paper"` | a bundled scenario's name, a YAML path or a Scenario |
+    | `render_mode` | **None**            | `None`         | no rendering; anything else raises ValueError        |
+
+    A per-scenario id binds ``scenario``: run another scenario through the generic id, whose length
+    follows the scenario (passing ``scenario=`` to a per-scenario id keeps that id's ``TimeLimit``).
+
+    ## Vectorized environment
+
+    There is no vector env of its own (no ``vector_entry_point``): one step is a short run of the
+    event-driven simulation, not array arithmetic that batches across envs. Gymnasium's vectorizers work,
+
+    ```python
+    >>> envs = gymnasium.make_vec("admit/TenantAdmission-seed-paper-v0", num_envs=2, vectorization_mode="sync")
+    >>> envs
+    SyncVectorEnv(admit/TenantAdmission-seed-paper-v0, num_envs=2)
+    >>> envs.reset(seed=0)[0].shape
+    (2, 37)
+    >>> envs.close()
+
+    ```
+
+    and so do SB3's ``DummyVecEnv`` and ``SubprocVecEnv``. ``admit train`` uses
+    ``admit.train.vec.BlockVecEnv``, which steps blocks of envs in worker processes: a step (~0.1 ms)
+    costs less than the pipe round trip a process per env would add.
+
+    ## Version History
+
+    * v0: Initial version. Later additions changed none of its behaviour (spaces, rewards and
+      trajectories are bit-identical): the ``max_episode_steps`` property and one id per bundled
+      scenario, ``admit/TenantAdmission-<scenario>-v0``, with ``max_episode_steps`` in its registration.
+    """
+
     metadata = {"render_modes": []}  # noqa: RUF012 (gymnasium convention)
 
     def __init__(self, scenario: str | Scenario = "seed-paper", render_mode: str | None = None) -> None:
@@ -66,6 +251,11 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         self._values_time = 0.0
         self._observation: Observation | None = None
         self._p99_index = [len(GLOBAL_FEATURES) + i * len(TENANT_FEATURES) + _E2E_P99 for i in range(self.n)]
+
+    @property
+    def max_episode_steps(self) -> int:
+        """Steps from reset to truncation: ⌈horizon_s / interval_s⌉ decisions (600 for seed-paper)."""
+        return decision_count(self.scenario)
 
     @property
     def last_observation(self) -> Observation | None:
@@ -131,7 +321,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         }
         reward = float(sum(terms.values()))
         values = self._observe()
-        truncated = sim.now >= sc.horizon_s - 1e-9
+        truncated = sim.done
         info = {
             "reward_terms": terms,
             "limits": limits,

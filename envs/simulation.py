@@ -94,6 +94,21 @@ def _fresh_requests(requests: Sequence[Request], n_tenants: int) -> list[Request
     return out
 
 
+END_EPS_S = 1e-9  # a run has reached its end when less than this is left (interval sums are rounded)
+
+
+def decision_count(scenario: Scenario, until: float | None = None) -> int:
+    """How many decisions ``Simulation.run`` makes from t = 0 to ``until`` (default: the horizon) — the
+    episode's length in env steps, ⌈horizon / interval⌉. Counted on ``step``'s own float arithmetic, so it is
+    exact even where the interval does not divide the horizon in binary."""
+    end = scenario.horizon_s if until is None else until
+    t, n = 0.0, 0
+    while t < end - END_EPS_S:
+        t = min(t + scenario.interval_s, end)
+        n += 1
+    return n
+
+
 OnDecision = Callable[[float, Observation, list[int], list[int]], None]
 """``on_decision(time_s, observation, deltas, new_limits)``, called by ``Simulation.run`` after each decision."""
 
@@ -152,6 +167,11 @@ class Simulation:
     @property
     def limits(self) -> list[int]:
         return [self.core.limit(i) for i in range(self.core.n_tenants)]
+
+    @property
+    def done(self) -> bool:
+        """Whether simulated time has reached the horizon (the env truncates the episode there)."""
+        return self.now >= self.horizon_s - END_EPS_S
 
     @property
     def requests(self) -> list[Request]:
@@ -224,7 +244,7 @@ class Simulation:
         spec = self.spec
         limit_sum = 0.0
         decisions = 0
-        while self.now < end - 1e-9:
+        while self.now < end - END_EPS_S:
             t = self.now
             obs = self.observe()
             try:
