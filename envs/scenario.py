@@ -4,6 +4,10 @@ A scenario names the tenants (arrivals, request sizes, SLOs), the engine, the ad
 concurrency bounds, the decision interval, the horizon and the reward weights. Bundled scenarios live in
 envs/scenarios/NAME.yaml; any path to a YAML file works too. A bad key or value raises ``ScenarioError``
 naming the key and what is allowed.
+
+A tenant is written in the words the gateway's and the load generator's configs use for one: one ``slo:``
+mapping (core/slo.py), ``queue_timeout_s``, ``max_queue``, ``priority``, ``weight``, and the arrival processes
+and size distributions of core/workload.py (plus trace replay and ServeGen clients, envs/workload.py).
 """
 
 from __future__ import annotations

@@ -1,20 +1,18 @@
 """Workload: arrival processes and request-size distributions, all drawn from a seeded generator.
 
-Every model here is a pydantic model (so scenario YAML is validated with clear errors) with a method that
-draws from a ``numpy.random.Generator``. A whole episode's arrivals are drawn at reset, before any policy
-acts: the workload is exogenous, so two policies run on one seed see exactly the same requests.
+The processes and distributions the load generator shares live in core/workload.py (``poisson``,
+``constant``, ``gamma``, ``ramp``, ``mmpp``, ``diurnal``; sizes ``constant``, ``uniform``, ``normal``,
+``lognormal``, ``exponential``: their parameters and draws are documented there). This module adds what
+needs the simulator's data files and builds the scenario's unions:
 
-Arrival processes (``kind``):
-* ``poisson``   – rate λ req/s, exponential gaps.
-* ``constant``  – one request every 1/λ s (first at a uniform phase).
-* ``mmpp``      – two-state Markov-modulated Poisson process ("on/off bursts"): Poisson at ``rate_on`` for an
-                  exponential sojourn of mean ``mean_on_s``, then at ``rate_off`` for mean ``mean_off_s``.
-* ``diurnal``   – Poisson with rate λ(t) = rate·(1 + amplitude·sin(2πt/period_s + phase)), drawn by
-                  thinning (Lewis & Shedler, 1979).
-* ``gamma``     – renewal process with gamma gaps: mean 1/λ, shape = burstiness (1 = Poisson, < 1 burstier).
 * ``trace``     – replay of a CSV (timestamps, prompt and output tokens), e.g. the bundled Azure 2023 trace.
 * ``servegen``  – one client of the ServeGen production table: per-10-minute rate and fitted IAT law
                   (envs/servegen.py).
+* size ``empirical`` – resample one column of a trace.
+
+Every model is a pydantic model (so scenario YAML is validated with clear errors) with a method that draws
+from a ``numpy.random.Generator``. A whole episode's arrivals are drawn at reset, before any policy acts:
+the workload is exogenous, so two policies run on one seed see exactly the same requests.
 """
 
 from __future__ import annotations
@@ -28,8 +26,44 @@ from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
+from admit.core.workload import (
+    MMPP,
+    Constant,
+    ConstantSize,
+    Diurnal,
+    ExponentialSize,
+    Gamma,
+    LognormalSize,
+    NormalSize,
+    Poisson,
+    Ramp,
+    Spec,
+    UniformSize,
+)
 from admit.envs.servegen import ServeGenArrivals
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+__all__ = [
+    "BUILTIN_TRACES",
+    "MMPP",
+    "ArrivalSpec",
+    "Constant",
+    "ConstantSize",
+    "Diurnal",
+    "EmpiricalSize",
+    "ExponentialSize",
+    "Gamma",
+    "LognormalSize",
+    "NormalSize",
+    "Poisson",
+    "Ramp",
+    "SizeSpec",
+    "TenantDraw",
+    "Trace",
+    "UniformSize",
+    "draw_tenant",
+    "load_trace",
+]
 
 BUILTIN_TRACES = {
     "azure-2023-code": "azure_llm_2023/AzureLLMInferenceTrace_code.csv",
@@ -37,45 +71,8 @@ BUILTIN_TRACES = {
 }
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-# --------------------------------------------------------------------------- request sizes
-class ConstantSize(_Model):
-    kind: Literal["constant"] = "constant"
-    value: int = Field(ge=1)
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        return np.full(n, self.value, dtype=np.int64)
-
-
-class UniformSize(_Model):
-    kind: Literal["uniform"] = "uniform"
-    low: int = Field(ge=1)
-    high: int = Field(ge=1)
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        if self.high < self.low:
-            raise ValueError(f"uniform size needs low <= high, got low={self.low} high={self.high}")
-        return rng.integers(self.low, self.high + 1, size=n)
-
-
-class LognormalSize(_Model):
-    """Lognormal with the given median and sigma (of the underlying normal), clipped to [min, max]."""
-
-    kind: Literal["lognormal"] = "lognormal"
-    median: float = Field(gt=0)
-    sigma: float = Field(ge=0)
-    min: int = Field(default=1, ge=1)
-    max: int = Field(default=32768, ge=1)
-
-    def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
-        x = rng.lognormal(math.log(self.median), self.sigma, size=n)
-        return np.clip(np.rint(x), self.min, self.max).astype(np.int64)
-
-
-class EmpiricalSize(_Model):
+# --------------------------------------------------------------------------- sizes from a trace
+class EmpiricalSize(Spec):
     """Resample (with replacement) one column of a trace: ``prompt`` or ``output`` tokens."""
 
     kind: Literal["empirical"] = "empirical"
@@ -88,98 +85,14 @@ class EmpiricalSize(_Model):
         return col[rng.integers(0, len(col), size=n)]
 
 
-SizeSpec = Annotated[ConstantSize | UniformSize | LognormalSize | EmpiricalSize, Field(discriminator="kind")]
+SizeSpec = Annotated[
+    ConstantSize | UniformSize | NormalSize | LognormalSize | ExponentialSize | EmpiricalSize,
+    Field(discriminator="kind"),
+]
 
 
-# --------------------------------------------------------------------------- arrival processes
-class Poisson(_Model):
-    kind: Literal["poisson"] = "poisson"
-    rate: float = Field(gt=0, description="requests per second")
-
-    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
-        n_guess = int(self.rate * horizon_s + 6 * math.sqrt(self.rate * horizon_s + 1) + 16)
-        t = np.cumsum(rng.exponential(1.0 / self.rate, size=n_guess))
-        while t[-1] < horizon_s:  # rare: extend
-            more = t[-1] + np.cumsum(rng.exponential(1.0 / self.rate, size=n_guess))
-            t = np.concatenate([t, more])
-        return t[t < horizon_s]
-
-
-class Constant(_Model):
-    kind: Literal["constant"] = "constant"
-    rate: float = Field(gt=0)
-
-    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
-        gap = 1.0 / self.rate
-        return np.arange(rng.uniform(0, gap), horizon_s, gap)
-
-
-class Gamma(_Model):
-    kind: Literal["gamma"] = "gamma"
-    rate: float = Field(gt=0)
-    burstiness: float = Field(gt=0, description="gamma shape; 1 = Poisson, < 1 burstier, > 1 smoother")
-
-    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
-        scale = 1.0 / (self.rate * self.burstiness)
-        n_guess = int(self.rate * horizon_s * 1.5 + 64)
-        t = np.cumsum(rng.gamma(self.burstiness, scale, size=n_guess))
-        while t[-1] < horizon_s:
-            t = np.concatenate([t, t[-1] + np.cumsum(rng.gamma(self.burstiness, scale, size=n_guess))])
-        return t[t < horizon_s]
-
-
-class MMPP(_Model):
-    """On/off bursts: a two-state Markov-modulated Poisson process."""
-
-    kind: Literal["mmpp"] = "mmpp"
-    rate_on: float = Field(gt=0)
-    rate_off: float = Field(ge=0)
-    mean_on_s: float = Field(gt=0)
-    mean_off_s: float = Field(gt=0)
-    start: Literal["on", "off", "stationary"] = "stationary"
-
-    @property
-    def mean_rate(self) -> float:
-        p_on = self.mean_on_s / (self.mean_on_s + self.mean_off_s)
-        return p_on * self.rate_on + (1 - p_on) * self.rate_off
-
-    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
-        if self.start == "stationary":
-            on = bool(rng.random() < self.mean_on_s / (self.mean_on_s + self.mean_off_s))
-        else:
-            on = self.start == "on"
-        out: list[np.ndarray] = []
-        t = 0.0
-        while t < horizon_s:
-            dur = rng.exponential(self.mean_on_s if on else self.mean_off_s)
-            end = min(t + dur, horizon_s)
-            rate = self.rate_on if on else self.rate_off
-            if rate > 0:
-                n = rng.poisson(rate * (end - t))
-                out.append(np.sort(rng.uniform(t, end, size=n)))
-            t = end
-            on = not on
-        return np.concatenate(out) if out else np.empty(0)
-
-
-class Diurnal(_Model):
-    kind: Literal["diurnal"] = "diurnal"
-    rate: float = Field(gt=0, description="mean rate, requests per second")
-    amplitude: float = Field(ge=0, le=1)
-    period_s: float = Field(gt=0)
-    phase: float = 0.0
-
-    def rate_at(self, t: np.ndarray | float) -> np.ndarray | float:
-        return self.rate * (1 + self.amplitude * np.sin(2 * np.pi * np.asarray(t) / self.period_s + self.phase))
-
-    def times(self, rng: np.random.Generator, horizon_s: float) -> np.ndarray:
-        peak = self.rate * (1 + self.amplitude)
-        cand = Poisson(rate=peak).times(rng, horizon_s)
-        keep = rng.random(len(cand)) * peak < self.rate_at(cand)
-        return cand[keep]
-
-
-class Trace(_Model):
+# --------------------------------------------------------------------------- trace replay
+class Trace(Spec):
     """Replay a trace: a builtin name (``azure-2023-code``, ``azure-2023-conv``) or a CSV path.
 
     A CSV needs a header with a time column (seconds, or ``YYYY-MM-DD HH:MM:SS.fff`` timestamps) and
@@ -222,7 +135,7 @@ class Trace(_Model):
 
 
 ArrivalSpec = Annotated[
-    Poisson | Constant | Gamma | MMPP | Diurnal | Trace | ServeGenArrivals, Field(discriminator="kind")
+    Poisson | Constant | Gamma | Ramp | MMPP | Diurnal | Trace | ServeGenArrivals, Field(discriminator="kind")
 ]
 
 

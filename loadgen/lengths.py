@@ -1,8 +1,10 @@
 """Token-length distributions for prompts and outputs, written as short strings.
 
-Accepted forms (all results are rounded and clipped to ``[1, max]``, ``max`` = 1,000,000 unless given):
+A string is a short spelling of one of core/workload.py's size models, which defines the distribution, checks
+its parameters and draws it (all results are rounded and clipped to ``[1, max]``, ``max`` = 1,000,000 unless
+given):
 
-* ``N`` or ``fixed:N`` — always ``N``;
+* ``N`` or ``fixed:N`` — always ``N`` (``constant``);
 * ``uniform:LO:HI`` — integers uniform on ``[LO, HI]``;
 * ``normal:MEAN:STD`` — a normal draw;
 * ``lognormal:MEDIAN:SIGMA`` — ``MEDIAN · exp(SIGMA · Z)`` with ``Z`` standard normal, so the median is
@@ -14,35 +16,52 @@ An optional trailing ``:max=M`` caps the draws, e.g. ``lognormal:256:0.8:max=204
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
+from admit.core.workload import ConstantSize, ExponentialSize, LognormalSize, NormalSize, Spec, UniformSize
+from pydantic import ValidationError
 
-KINDS = {"fixed": 1, "uniform": 2, "normal": 2, "lognormal": 2, "exponential": 1}
 DEFAULT_MAX = 1_000_000
 FORMS = "N, fixed:N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA, exponential:MEAN (optional :max=M)"
+# each kind's numbers, in order, as the fields of its model; and the model's checks, in the string's names
+_FIELDS: dict[str, tuple[type[Spec], tuple[str, ...]]] = {
+    "fixed": (ConstantSize, ("value",)),
+    "uniform": (UniformSize, ("low", "high")),
+    "normal": (NormalSize, ("mean", "std")),
+    "lognormal": (LognormalSize, ("median", "sigma")),
+    "exponential": (ExponentialSize, ("mean",)),
+}
+_RULES = {
+    "fixed": "an integer N >= 1",
+    "uniform": "1 <= LO <= HI (integers)",
+    "normal": "MEAN > 0 and STD >= 0",
+    "lognormal": "MEDIAN > 0 and SIGMA >= 0",
+    "exponential": "MEAN > 0",
+}
+KINDS = {kind: len(names) for kind, (_, names) in _FIELDS.items()}  # how many numbers each kind takes
 
 
 @dataclass(frozen=True)
 class LengthDist:
+    """A length spec as written (``kind``, its numbers, the cap) and the size model it stands for (``spec``).
+
+    Building one checks it: a value the model refuses raises ``ValueError`` naming the kind's rule.
+    """
+
     kind: str
     params: tuple[float, ...]
     max: int = DEFAULT_MAX
+    spec: Any = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        model, names = _FIELDS[self.kind]
+        object.__setattr__(self, "spec", model(**dict(zip(names, self.params, strict=True)), max=self.max))
 
     def sample(self, rng: np.random.Generator, n: int) -> np.ndarray:
         """``n`` integer lengths (``int64``) in ``[1, max]``."""
-        p = self.params
-        if self.kind == "fixed":
-            x = np.full(n, p[0], dtype=np.float64)
-        elif self.kind == "uniform":
-            x = rng.integers(int(p[0]), int(p[1]) + 1, n).astype(np.float64)
-        elif self.kind == "normal":
-            x = rng.normal(p[0], p[1], n)
-        elif self.kind == "lognormal":
-            x = p[0] * np.exp(p[1] * rng.standard_normal(n))
-        else:
-            x = rng.exponential(p[0], n)
-        return np.clip(np.rint(x), 1, self.max).astype(np.int64)
+        return self.spec.sample(rng, n)
 
     def describe(self) -> str:
         body = ":".join(f"{v:g}" for v in self.params)
@@ -77,10 +96,7 @@ def parse_length(text: str | int, what: str = "length") -> LengthDist:
         params = tuple(float(v) for v in raw)
     except ValueError:
         raise ValueError(f"{what}: parameters must be numbers, got {text!r}; forms: {FORMS}") from None
-    if kind in ("fixed", "exponential") and params[0] < 1:
-        raise ValueError(f"{what}: {kind} needs a value >= 1, got {params[0]:g}")
-    if kind == "uniform" and not 1 <= params[0] <= params[1]:
-        raise ValueError(f"{what}: uniform needs 1 <= LO <= HI, got {params[0]:g}:{params[1]:g}")
-    if kind in ("normal", "lognormal") and (params[0] < 1 or params[1] < 0):
-        raise ValueError(f"{what}: {kind} needs a centre >= 1 and a spread >= 0, got {text!r}")
-    return LengthDist(kind, params, cap)
+    try:
+        return LengthDist(kind, params, cap)
+    except ValidationError:  # the model's checks, said in the string's own names
+        raise ValueError(f"{what}: {kind} needs {_RULES[kind]}, got {text!r}") from None

@@ -5,16 +5,20 @@ once per tenant, in tenant order, so adding a tenant does not change the others'
 tenants by send time, and deals the merged sequence to workers by striding: worker ``k`` of ``N`` gets
 requests ``k, k+N, k+2N, …``. Striding keeps each worker's share a thinned copy of the whole process,
 so every worker carries the same load shape and no request moves between processes afterwards.
+
+A worker imports this module for :class:`Schedule` alone; what draws one (the configuration, the workload
+models, pydantic) is imported by :func:`build_schedule`, in the parent, so a worker starts without it.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from admit.loadgen.arrivals import arrival_times
-from admit.loadgen.config import RunConfig
-from admit.loadgen.traces import read_trace
+
+if TYPE_CHECKING:
+    from admit.loadgen.config import RunConfig
 
 
 @dataclass
@@ -47,6 +51,9 @@ class Schedule:
 
 def build_schedule(cfg: RunConfig, scale: float = 1.0, stage: int = 0) -> Schedule:
     """Draw one stage's schedule; ``scale`` multiplies every tenant's rate (used by sweeps)."""
+    from admit.loadgen.arrivals import arrival_times
+    from admit.loadgen.traces import read_trace
+
     root = np.random.SeedSequence([cfg.seed, stage])
     streams = root.spawn(len(cfg.tenants))
     parts: list[tuple[np.ndarray, ...]] = []

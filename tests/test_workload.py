@@ -105,3 +105,48 @@ def test_trace_rotation_keeps_every_request_and_differs_by_seed(tmp_path):
     # the rotation keeps gaps: the multiset of gaps (cyclically, span 10 s) is unchanged
     gaps = np.sort(np.diff(np.concatenate([a_t, [a_t[0] + 10.0]])))
     assert np.allclose(gaps, 1.0)
+
+
+def test_scenario_and_load_generator_share_one_definition_of_each_process_and_size():
+    from admit.core import workload as core
+    from admit.envs.scenario import ScenarioError, parse_scenario
+    from admit.loadgen.arrivals import ArrivalSpec
+    from admit.loadgen.lengths import parse_length
+
+    assert Poisson is core.Poisson and LognormalSize is core.LognormalSize  # envs re-exports core's models
+    assert isinstance(ArrivalSpec("gamma", 20.0, burstiness=0.5).to_process(), core.Gamma)
+    assert ArrivalSpec("ramp", 30.0, rate_start=10.0).to_process() == core.Ramp(rate=30.0, rate_start=10.0)
+    assert parse_length("lognormal:256:0.8:max=2048").spec == core.LognormalSize(median=256, sigma=0.8, max=2048)
+    # one check, one message, whichever spelling: the flat loadgen keys and the scenario's mapping
+    with pytest.raises(ValueError, match="rate: Input should be greater than 0"):
+        ArrivalSpec("poisson", 0.0)
+    d = {"name": "x", "horizon_s": 10, "interval_s": 1, "window_s": 2,
+         "engine": {"kind": "slot", "slots": 1, "mean_service_s": 1},
+         "tenants": [{"name": "a", "arrival": {"kind": "poisson", "rate": 0},
+                      "prompt_tokens": {"kind": "constant", "value": 1},
+                      "output_tokens": {"kind": "constant", "value": 1}}]}
+    with pytest.raises(ScenarioError, match=r"tenants\.0\.arrival\.poisson\.rate: Input should be greater than 0"):
+        parse_scenario(d)
+    # what was the load generator's alone is a scenario's too
+    d["tenants"][0]["arrival"] = {"kind": "ramp", "rate": 4, "rate_start": 1}
+    d["tenants"][0]["prompt_tokens"] = {"kind": "normal", "mean": 64, "std": 8}
+    d["tenants"][0]["output_tokens"] = {"kind": "exponential", "mean": 16, "max": 64}
+    assert parse_scenario(d).tenants[0].arrival == core.Ramp(rate=4, rate_start=1)
+    d["tenants"][0]["prompt_tokens"] = {"kind": "uniform", "low": 5, "high": 2}  # refused when read, not at reset
+    with pytest.raises(ScenarioError, match="uniform size needs low <= high"):
+        parse_scenario(d)
+
+
+def test_constant_phase_zero_is_the_exact_grid_and_random_is_the_simulators():
+    from admit.core.workload import Constant
+
+    assert Constant(rate=4.0, phase="zero").times(rng(), 2.0).tolist() == [i / 4 for i in range(8)]
+    t = Constant(rate=4.0).times(rng(), 2.0)
+    assert 0 < t[0] < 0.25 and np.allclose(np.diff(t), 0.25)
+
+
+def test_ramp_rate_grows_linearly_over_the_horizon():
+    from admit.core.workload import Ramp
+
+    t = Ramp(rate=300.0, rate_start=100.0).times(rng(1), 10.0)
+    assert abs((t < 5).sum() - 750) < 4 * np.sqrt(750) and abs((t >= 5).sum() - 1250) < 4 * np.sqrt(1250)
