@@ -50,6 +50,7 @@ MOVED = {
     "admit.train.evaluate": "admit.evaluate.offline",
     "admit.train.results": "admit.evaluate.results",
     "admit.train.report": "admit.evaluate.report",
+    "admit.core.windows": "admit.core.percentiles",  # its live function, p50_p95_p99, moved; the rest was dead
 }
 
 

@@ -8,6 +8,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 import numpy as np
+from admit.core.percentiles import linear_np
 
 
 @dataclass
@@ -33,10 +34,10 @@ class LLMStats:
             "valid_fraction": self.valid / self.calls if self.calls else None,
             "cache_hits": self.cache_hits,
             "holds": dict(sorted(self.holds.items())),
-            "latency_s": {
+            "latency_s": {  # percentiles.LINEAR
                 "mean": float(lat.mean()) if lat.size else None,
-                "p50": float(np.percentile(lat, 50)) if lat.size else None,
-                "p95": float(np.percentile(lat, 95)) if lat.size else None,
+                "p50": linear_np(lat, 50) if lat.size else None,
+                "p95": linear_np(lat, 95) if lat.size else None,
                 "max": float(lat.max()) if lat.size else None,
             },
         }

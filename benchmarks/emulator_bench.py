@@ -37,6 +37,7 @@ from typing import Any
 
 import numpy as np
 import uvloop
+from admit.core.percentiles import linear_np_many
 
 _ID = re.compile(rb'"id":"cmpl-(\d+)"')
 
@@ -225,8 +226,9 @@ def _runqueue_wait(pid: int) -> float:
 
 
 def _stats(x: np.ndarray) -> dict[str, float]:
-    return {"mean": float(x.mean()), "p50": float(np.percentile(x, 50)), "p90": float(np.percentile(x, 90)),
-            "p99": float(np.percentile(x, 99))}  # fmt: skip
+    """Mean and percentiles (core/percentiles.py's LINEAR) of one measurement."""
+    p50, p90, p99 = linear_np_many(x, [50, 90, 99])
+    return {"mean": float(x.mean()), "p50": p50, "p90": p90, "p99": p99}
 
 
 def summarize(

@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from admit.core.percentiles import linear_np
 from admit.gateway.admission import Lease
 from admit.gateway.config import EnvelopeConfig, RedisConfig, TenantConfig
 from admit.gateway.envelopes import Charge, EnvelopeBook
@@ -84,9 +85,9 @@ def start_redis(folder: Path) -> tuple[subprocess.Popen[bytes], str]:
 
 def summary(ns: list[int]) -> dict[str, float]:
     us = np.asarray(ns, dtype=float) / 1000
-    return {
-        "p50_us": round(float(np.percentile(us, 50)), 1),
-        "p99_us": round(float(np.percentile(us, 99)), 1),
+    return {  # percentiles.LINEAR
+        "p50_us": round(linear_np(us, 50), 1),
+        "p99_us": round(linear_np(us, 99), 1),
         "mean_us": round(float(us.mean()), 1),
     }
 

@@ -21,6 +21,7 @@ import numpy as np
 import simpy
 from admit.controllers.registry import make_controller
 from admit.core.observation import NO_SLO, Observation, TenantObservation
+from admit.core.percentiles import linear_np, linear_np_many
 from admit.envs.env import TenantAdmissionEnv
 from admit.envs.scenario import load_scenario
 from admit.envs.simulation import episode_metrics
@@ -101,8 +102,9 @@ def simpy_rollout(sc, policy: str, seed: int) -> dict[str, float]:
         obs_t = []
         for t, ts in zip(tenants, spec.tenants, strict=True):
             recent = [x for x in t.done if x[0] > now - w]
-            e2e = np.percentile([x[1] for x in recent], [50, 95, 99]) if recent else [0.0] * 3
-            wq = np.percentile([x[2] for x in recent], 99) if recent else 0.0
+            # percentiles.LINEAR, by numpy (the simulator's own windows compute the same in pure Python)
+            e2e = linear_np_many([x[1] for x in recent], [50, 95, 99]) if recent else [0.0] * 3
+            wq = linear_np([x[2] for x in recent], 99) if recent else 0.0
             obs_t.append(
                 TenantObservation(
                     queue_depth=len(t.waiting),

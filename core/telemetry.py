@@ -13,8 +13,8 @@ from collections.abc import Sequence
 
 from admit.core.admission import AdmissionCore
 from admit.core.observation import NO_SLO, Observation, TenantObservation
+from admit.core.percentiles import p50_p95_p99
 from admit.core.spec import ControlSpec
-from admit.core.windows import p50_p95_p99
 
 
 class TenantWindows:
@@ -75,6 +75,7 @@ class TenantWindows:
             n = len(done)
             if n > 1:
                 _, e2e, ttft, wait = zip(*done, strict=True)
+                # percentiles.LINEAR (numpy's default), in the simulator's windows and the gateway's alike
                 pct = (
                     *p50_p95_p99(sorted(e2e)),
                     *p50_p95_p99(sorted(ttft)),

@@ -31,6 +31,7 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+from admit.core.percentiles import linear_np
 from admit.evaluate.offline import evaluate, write_json
 from admit.evaluate.report import pareto_plot
 
@@ -149,8 +150,8 @@ def llm_log_summary(path: Path) -> str:
     holds = Counter(r.reason for r in records if r.source == "hold")
     lat = np.asarray([r.latency_s for r in calls], dtype=float)
     line = f"LLM policy ({path.name}): {len(records)} decisions, {len(calls)} model calls, {valid} valid replies"
-    if lat.size:
-        line += f"; call latency p50 {np.percentile(lat, 50):.1f} s, p95 {np.percentile(lat, 95):.1f} s"
+    if lat.size:  # percentiles.LINEAR
+        line += f"; call latency p50 {linear_np(lat, 50):.1f} s, p95 {linear_np(lat, 95):.1f} s"
     if holds:
         line += "; holds: " + ", ".join(f"{k} {v}" for k, v in sorted(holds.items()))
     return line + "."

@@ -29,13 +29,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
 from admit.core.observation import Observation
+from admit.core.percentiles import histogram_quantile
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.core.telemetry import TenantWindows, build_observation
 from admit.gateway.config import GatewayConfig
@@ -91,21 +91,6 @@ def parse_engine_metrics(text: str) -> dict[str, Any]:
         "waiting": waiting if WAITING in seen else None,
         "ttft_buckets": sorted(buckets.items()),
     }
-
-
-def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
-    """Prometheus' histogram_quantile on cumulative ``(le, count)`` pairs (linear inside a bucket)."""
-    if not buckets or buckets[-1][1] <= 0:
-        return None
-    rank = q * buckets[-1][1]
-    lo_le, lo_n = 0.0, 0.0
-    for le, n in buckets:
-        if n >= rank:
-            if le == math.inf:
-                return lo_le
-            return lo_le + (le - lo_le) * ((rank - lo_n) / (n - lo_n) if n > lo_n else 0.0)
-        lo_le, lo_n = le, n
-    return lo_le
 
 
 class Nvml:
@@ -231,6 +216,7 @@ class LiveTelemetry:
             cur = got["ttft_buckets"]
             if prev and len(prev) == len(cur):
                 delta = [(le, n - p) for (le, n), (_, p) in zip(cur, prev, strict=True)]
+                # percentiles.HISTOGRAM: Prometheus's histogram_quantile, as a dashboard would read the engine
                 self.engine_ttft = {"p50": histogram_quantile(0.5, delta), "p99": histogram_quantile(0.99, delta)}
             self.engine = got
             self.scrapes += 1

@@ -11,14 +11,16 @@ Every bucket therefore spans ``2**e`` values starting at ``m << e``, a relative 
 Buckets are contiguous, so two histograms merge by adding counts index by index. The exact sum,
 minimum and maximum are kept beside the buckets, so the mean is exact.
 
-A percentile ``q`` is the value of the sample of rank ``ceil(q/100 * n)`` (nearest-rank
-definition), reported as the middle of its bucket and clamped to [min, max].
+A percentile ``q`` is the value of the sample of rank ``ceil(q/100 * n)`` (core/percentiles.py's
+``NEAREST_RANK``), reported as the middle of its bucket and clamped to [min, max].
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+from admit.core.percentiles import nearest_rank_index
 
 SIG_BITS = 8
 _HALF = 1 << (SIG_BITS - 1)
@@ -115,7 +117,7 @@ class Histogram:
             raise ValueError(f"percentile must be within [0, 100], got {q}")
         if self.count == 0:
             return math.nan
-        rank = max(1, math.ceil(q / 100.0 * self.count))
+        rank = nearest_rank_index(q, self.count)
         seen = 0
         for idx in sorted(self.counts):
             seen += self.counts[idx]

@@ -37,7 +37,8 @@ def _num(x: float) -> float | None:
 
 
 def hist_stats(h: Histogram) -> dict[str, Any]:
-    """Mean, percentiles, min and max of a nanosecond histogram, in milliseconds."""
+    """Mean, percentiles (nearest rank: core/percentiles.py's NEAREST_RANK), min and max of a nanosecond
+    histogram, in milliseconds."""
     out: dict[str, Any] = {"count": h.count, "mean": _num(h.mean / 1e6)}
     for q in PERCENTILES:
         out[f"p{q:g}"] = _num(h.percentile(q) / 1e6)

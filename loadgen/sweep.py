@@ -12,6 +12,7 @@ A sweep stops after the first stage that breaks any of:
 found on the curve ``(achieved_rate, p99 of latency from the scheduled send)`` with the Kneedle idea:
 normalise both axes to [0, 1] and take the stage that lies furthest below the chord from the first to
 the last point, i.e. argmax of ``x_norm - y_norm``; with fewer than three stages there is no knee.
+Every percentile here is the stage histogram's nearest rank (core/percentiles.py's ``NEAREST_RANK``).
 """
 
 from __future__ import annotations

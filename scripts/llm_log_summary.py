@@ -12,6 +12,7 @@ from collections import Counter
 
 import numpy as np
 from admit.agents.decision_log import read_log
+from admit.core.percentiles import linear_np
 
 
 def summarize(path: str) -> dict[str, object]:
@@ -25,10 +26,10 @@ def summarize(path: str) -> dict[str, object]:
         "calls": len(calls),
         "valid_fraction": len(valid) / len(calls) if calls else None,
         "hold_reasons": dict(Counter(r.reason for r in records if r.source == "hold")),
-        "latency_s": {
+        "latency_s": {  # percentiles.LINEAR
             "mean": float(lat.mean()) if lat.size else None,
-            "p50": float(np.percentile(lat, 50)) if lat.size else None,
-            "p95": float(np.percentile(lat, 95)) if lat.size else None,
+            "p50": linear_np(lat, 50) if lat.size else None,
+            "p95": linear_np(lat, 95) if lat.size else None,
             "max": float(lat.max()) if lat.size else None,
         },
         "deltas_asked": dict(Counter(str(r.deltas) for r in records if r.source in ("model", "cache"))),

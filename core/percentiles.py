@@ -1,0 +1,100 @@
+"""Percentiles: the definitions admit's reports use, each under its own name.
+
+A p99 of a few hundred samples depends on the definition as much as on the data, so every report that
+computes one says which of these it is, and two numbers that are compared use the same one:
+
+* :data:`LINEAR` — linear interpolation between order statistics: numpy's default ``method="linear"``
+  (Hyndman & Fan's type 7). ``q`` in [0, 100] sits at position ``(n - 1)·q/100`` of the sorted samples.
+  The simulator's and the gateway's windows (core/telemetry.py, through :func:`p50_p95_p99`), the episode
+  and evaluation summaries, the fidelity and LLM-call reports.
+* :data:`NEAREST_RANK` — the sample of rank ``ceil(q/100·n)`` (at least 1): numpy's ``method="inverted_cdf"``.
+  What the load generator reports (its histogram's buckets, loadgen/histogram.py) and so what sim2live
+  uses on its simulated side too, so the two sides are compared like for like.
+* :data:`HISTOGRAM` — Prometheus's ``histogram_quantile`` on cumulative buckets: the bucket that holds rank
+  ``q·count``, interpolated linearly inside it. What the gateway reads from the backend's TTFT histogram.
+
+:func:`linear` and :func:`p50_p95_p99` are pure Python (they run on every decision, on windows of tens of
+samples, where numpy's call overhead dominates); :func:`linear_np` and :func:`nearest_rank` are numpy's, for
+arrays. The pure-Python and numpy linear percentiles agree to rounding, not always to the last bit, so one
+report uses one of them throughout.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+
+LINEAR = "linear interpolation between order statistics (numpy method='linear')"
+NEAREST_RANK = "nearest rank, the sample of rank ceil(q/100 n) (numpy method='inverted_cdf')"
+HISTOGRAM = "Prometheus histogram_quantile (linear inside the bucket that holds the rank)"
+
+
+def linear(sorted_values: Sequence[float], qs: Sequence[float]) -> list[float]:
+    """:data:`LINEAR` percentiles (q in [0, 100]) of an already sorted sequence; [] gives 0.0s."""
+    n = len(sorted_values)
+    if n <= 1:
+        return [float(sorted_values[0]) if n else 0.0] * len(qs)
+    out = []
+    for q in qs:
+        pos = (n - 1) * q / 100.0
+        lo = math.floor(pos)
+        hi = lo + 1 if lo + 1 < n else lo
+        frac = pos - lo
+        out.append(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
+    return out
+
+
+def p50_p95_p99(v: Sequence[float]) -> tuple[float, float, float]:
+    """``linear(v, (50, 95, 99))`` for a sorted sequence, unrolled: it runs on every decision."""
+    n = len(v)
+    if n <= 1:
+        x = float(v[0]) if n else 0.0
+        return x, x, x
+    m = n - 1
+    out = []
+    for pos in (m * 0.5, m * 0.95, m * 0.99):
+        lo = int(pos)
+        if lo >= m:
+            out.append(v[m])
+        else:
+            out.append(v[lo] + (v[lo + 1] - v[lo]) * (pos - lo))
+    return out[0], out[1], out[2]
+
+
+def linear_np(values: Sequence[float] | np.ndarray, q: float) -> float:
+    """:data:`LINEAR` percentile ``q`` (in [0, 100]) of unsorted ``values`` (at least one), by numpy."""
+    return float(np.percentile(values, q))
+
+
+def linear_np_many(values: Sequence[float] | np.ndarray, qs: Sequence[float]) -> list[float]:
+    """:func:`linear_np` for several ``qs`` at once (one sort), equal to it number by number."""
+    return [float(x) for x in np.percentile(values, qs)]
+
+
+def nearest_rank(values: Sequence[float] | np.ndarray, q: float) -> float:
+    """:data:`NEAREST_RANK` percentile ``q`` (in [0, 100]) of unsorted ``values`` (at least one), by numpy."""
+    return float(np.percentile(values, q, method="inverted_cdf"))
+
+
+def nearest_rank_index(q: float, n: int) -> int:
+    """The 1-based rank :data:`NEAREST_RANK` picks among ``n`` >= 1 sorted samples: ``ceil(q/100·n)``, at least 1."""
+    return max(1, math.ceil(q / 100.0 * n))
+
+
+def histogram_quantile(q: float, buckets: Sequence[tuple[float, float]]) -> float | None:
+    """:data:`HISTOGRAM`: Prometheus's histogram_quantile (q in [0, 1]) on cumulative ``(le, count)`` pairs,
+    sorted by ``le`` and ending with ``+Inf``; None without observations. A rank in the ``+Inf`` bucket
+    reads as the largest finite bound, as Prometheus answers."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lo_le, lo_n = 0.0, 0.0
+    for le, n in buckets:
+        if n >= rank:
+            if le == math.inf:
+                return lo_le
+            return lo_le + (le - lo_le) * ((rank - lo_n) / (n - lo_n) if n > lo_n else 0.0)
+        lo_le, lo_n = le, n
+    return lo_le
