@@ -1,8 +1,9 @@
-"""Cumulative-bucket histograms with vLLM's bucket boundaries, cheap to observe from the engine loop.
+"""vLLM's histogram bucket boundaries, for the emulator's scrape-time histograms.
 
 prometheus_client's ``Histogram`` takes a lock per observation; the engine loop observes one
 inter-token latency per streamed token (tens of thousands per second at 500 streams), so the emulator
-keeps its own counts and hands them to a collector at scrape time (see :mod:`admit.emulator.metrics`).
+keeps its own counts in core/histogram.py's ``BucketHistogram`` (the gateway's too; ``Hist`` here is that
+class) and hands them to a collector at scrape time (see :mod:`admit.emulator.metrics`).
 
 Bucket lists are vLLM V1's (``vllm/v1/metrics/loggers.py``, as listed in the project's simulation
 reference): each histogram there has exactly these upper bounds, plus ``+Inf``.
@@ -10,9 +11,9 @@ reference): each histogram there has exactly these upper bounds, plus ``+Inf``.
 
 from __future__ import annotations
 
-import bisect
+from admit.core.histogram import BucketHistogram
 
-from prometheus_client.utils import floatToGoString
+Hist = BucketHistogram  # the emulator's name for it
 
 TTFT_BUCKETS = (
     0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0,
@@ -40,37 +41,3 @@ def buckets_1_2_5(limit: int) -> tuple[int, ...]:
                 return tuple(out)
             out.append(v)
         scale *= 10
-
-
-class Hist:
-    """Counts per bucket (not cumulative until exported), their sum and count."""
-
-    __slots__ = ("bounds", "count", "counts", "sum")
-
-    def __init__(self, bounds: tuple[float, ...]) -> None:
-        if list(bounds) != sorted(set(bounds)):
-            raise ValueError(f"histogram bounds must be strictly increasing, got {bounds}")
-        self.bounds = tuple(float(b) for b in bounds)
-        self.counts = [0] * (len(bounds) + 1)  # the last one is +Inf
-        self.sum = 0.0
-        self.count = 0
-
-    def observe(self, value: float, n: int = 1) -> None:
-        """Record ``n`` observations of ``value`` (a value equal to a bound falls in that bound's bucket)."""
-        self.counts[bisect.bisect_left(self.bounds, value)] += n
-        self.sum += value * n
-        self.count += n
-
-    def cumulative(self) -> list[tuple[str, int]]:
-        """(le, cumulative count) pairs in exposition order, ending with ``+Inf``."""
-        out = []
-        acc = 0
-        for b, c in zip(self.bounds, self.counts, strict=False):
-            acc += c
-            out.append((_le(b), acc))
-        out.append(("+Inf", acc + self.counts[-1]))
-        return out
-
-
-def _le(b: float) -> str:
-    return floatToGoString(b)

@@ -197,5 +197,5 @@ class VllmMetrics:
 
     def _hist_family(self, name: str, doc: str, h: Hist) -> HistogramMetricFamily:
         f = HistogramMetricFamily(name, doc, labels=["model_name", "engine"])
-        f.add_metric(self.labels, buckets=h.cumulative(), sum_value=h.sum)
+        h.add_to(f, self.labels)
         return f

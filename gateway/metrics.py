@@ -1,7 +1,7 @@
 """Prometheus metrics of the gateway, prefix ``admit_gateway_``, on a private registry.
 
 Counters and histograms are plain dicts of numbers updated per request (`Counts`, `Histograms`: an
-increment, or a bisect and two additions) and turned into Prometheus metric families only when
+increment, or core/histogram.py's bisect and three additions) and turned into Prometheus metric families only when
 ``/metrics`` is scraped; prometheus_client's own ``Counter``/``Histogram`` objects (a lock, a label
 lookup and value objects per update) cost several microseconds per request on the hot path. Gauges of
 state (queue depth, in flight, limits, envelope budget) are read from the admission backend and the
@@ -12,15 +12,14 @@ exposition of the same families, so it reads exactly as it did with its objects.
 from __future__ import annotations
 
 import time
-from bisect import bisect_left
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from admit.core.histogram import BucketHistogram
 from admit.gateway.envelopes import EnvelopeBook
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily, Metric
 from prometheus_client.registry import Collector
-from prometheus_client.utils import floatToGoString
 
 PREFIX = "admit_gateway_"
 # 5 ms .. 120 s: queue waits and TTFT of an LLM server span this range
@@ -90,30 +89,24 @@ class Counts(Collector):
 
 
 class Histograms(Collector):
-    """A histogram family with one label (the tenant): ``observe(tenant, x)`` is a bisect and two additions."""
+    """A histogram family with one label (the tenant), one core ``BucketHistogram`` per tenant."""
 
     def __init__(self, name: str, doc: str, buckets: Sequence[float], registry: CollectorRegistry) -> None:
         self.name, self.doc = name, doc
         self.bounds = tuple(float(b) for b in buckets)
-        self._les = [floatToGoString(b) for b in self.bounds] + ["+Inf"]
-        self.series: dict[str, list[float]] = {}  # tenant -> [count per bucket..., +Inf bucket, sum]
+        self.series: dict[str, BucketHistogram] = {}
         registry.register(self)
 
     def observe(self, tenant: str, x: float) -> None:
-        row = self.series.get(tenant)
-        if row is None:
-            row = self.series[tenant] = [0.0] * (len(self.bounds) + 2)
-        row[bisect_left(self.bounds, x)] += 1
-        row[-1] += x
+        h = self.series.get(tenant)
+        if h is None:
+            h = self.series[tenant] = BucketHistogram(self.bounds)
+        h.observe(x)
 
     def collect(self) -> Iterator[Metric]:
         fam = HistogramMetricFamily(self.name, self.doc, labels=["tenant"])
-        for tenant, row in list(self.series.items()):
-            cum, buckets = 0.0, []
-            for le, n in zip(self._les, row, strict=False):
-                cum += n
-                buckets.append((le, cum))
-            fam.add_metric([tenant], buckets, row[-1])
+        for tenant, h in list(self.series.items()):
+            h.add_to(fam, [tenant])
         yield fam
 
 
