@@ -56,7 +56,7 @@ def renamed_keys(data: Any, renames: Mapping[str, str], where: str, doc: str) ->
             raise ConfigError(f"{where}: both {old!r} and its new name {new!r} are given; keep only {new!r}")
         node[leaf] = value
         warnings.warn(
-            f"{where}: {old!r} is deprecated and will be removed; write {new!r} instead (read as it now; {doc})",
+            f"{where}: {old!r} is deprecated; write {new!r} (it is read as {new!r} until it is removed; {doc})",
             DeprecatedKeyWarning,
             stacklevel=2,
         )
