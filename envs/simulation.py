@@ -26,6 +26,7 @@ import numpy as np
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
 from admit.core.controller import Controller, validate_deltas
 from admit.core.observation import Observation
+from admit.core.percentiles import linear_np
 from admit.core.telemetry import TenantWindows, build_observation, observation_values
 from admit.engine.base import Engine
 from admit.engine.request import Request
@@ -346,7 +347,7 @@ class Simulation:
 
 
 def _p99(values: list[float]) -> float:
-    return float(np.percentile(values, 99)) if values else 0.0
+    return linear_np(values, 99) if values else 0.0  # percentiles.LINEAR, as every episode summary
 
 
 def episode_metrics(totals: Sequence[TenantTotals], horizon_s: float) -> dict[str, float]:
@@ -360,7 +361,7 @@ def episode_metrics(totals: Sequence[TenantTotals], horizon_s: float) -> dict[st
     out = {
         "throughput_rps": completed / horizon_s,
         "p99_s": _p99(all_e2e),
-        "p50_s": float(np.percentile(all_e2e, 50)) if all_e2e else 0.0,
+        "p50_s": linear_np(all_e2e, 50) if all_e2e else 0.0,
         "ttft_p99_s": _p99(all_ttft),
         "dropped": float(sum(t.dropped + t.rejected for t in totals)),
         "timeouts": float(sum(t.dropped for t in totals)),

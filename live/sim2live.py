@@ -27,6 +27,7 @@ from typing import Any
 
 import numpy as np
 from admit.controllers.registry import make_controller
+from admit.core import percentiles
 from admit.core.observation import Observation
 from admit.engine.fidelity import SIM2LIVE_SECTION as SECTION
 from admit.engine.request import Request
@@ -72,7 +73,7 @@ def nearest_rank(values: list[float], q: float) -> float | None:
     the second slowest, and in a bursty tenant those can be half a second apart, so the two sides must use
     one definition.
     """
-    return round(float(np.percentile(values, q, method="inverted_cdf")), 4) if values else None
+    return round(percentiles.nearest_rank(values, q), 4) if values else None
 
 
 def simulate(scenario: Scenario, requests: list[Request], policy: str, seed: int) -> dict[str, Any]:
@@ -178,7 +179,7 @@ def per_request_gap(sim_e2e: dict[str, list[float | None]], request_log: Path) -
             out[name] = {"matched": 0, "note": f"{len(live)} live requests for {len(sims)} simulated"}
             continue
         out[name] = {"matched": len(gaps), "median_s": round(float(np.median(gaps)), 4),
-                     "p90_s": round(float(np.percentile(gaps, 90)), 4), "max_s": round(max(gaps), 4)}
+                     "p90_s": round(percentiles.linear_np(gaps, 90), 4), "max_s": round(max(gaps), 4)}
     return out
 
 
