@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint bench setup clean llm-install llm-server
+.PHONY: demo test lint type bench setup clean llm-install llm-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -40,11 +40,16 @@ llm-server: llm-install
 test: $(STAMP) llm-install
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)  # gateway Redis tests
 	$(BIN)/ruff check .
+	PY=$(BIN)/python scripts/typecheck.sh
 	PY=$(BIN)/python scripts/llm_server.sh run $(BIN)/python -m pytest -q
 
 lint: $(STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# mypy over the admit package (scripts/typecheck.sh maps the top-level folders onto admit.*); `make test` runs it
+type: $(STAMP)
+	PY=$(BIN)/python scripts/typecheck.sh
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/seed_paper_speed.py

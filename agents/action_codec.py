@@ -67,8 +67,8 @@ def to_deltas(action: np.ndarray | int, kind: ActionKind, n_tenants: int, k: int
         digits = np.unravel_index(index, (2 * k + 1,) * n_tenants)
         return [int(x) - k for x in digits]
     if kind == "box":
-        a = np.asarray(action, dtype=np.float64).reshape(n_tenants)
-        return [int(x) for x in np.rint(k * np.clip(a, -1.0, 1.0))]
+        box = np.asarray(action, dtype=np.float64).reshape(n_tenants)
+        return [int(x) for x in np.rint(k * np.clip(box, -1.0, 1.0))]
     raise ValueError(f"unknown action kind {kind!r}; allowed: multidiscrete, discrete, box")
 
 

@@ -124,10 +124,11 @@ class LLMPolicy:
         self.stats.calls += 1
         t0 = time.perf_counter()
         try:
-            resp = self.client.chat.completions.create(
+            # the messages and the response format are plain dicts, not the client's TypedDicts
+            resp = self.client.chat.completions.create(  # type: ignore[call-overload]
                 model=cfg.model,
-                messages=messages,  # type: ignore[arg-type]
-                response_format=response_format(n, k),  # type: ignore[arg-type]
+                messages=messages,
+                response_format=response_format(n, k),
                 max_tokens=cfg.max_tokens,
                 temperature=cfg.temperature,
             )

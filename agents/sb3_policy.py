@@ -122,7 +122,9 @@ class SB3Policy:
         self.name = f"{algo}:{arg}"
         self.model, self.norm = _load(algo, str(model_path), str(norm_path), model_path.stat().st_mtime_ns)
         self.kind = kind_of(self.model.action_space)
-        self.obs_size = int(self.model.observation_space.shape[0])
+        shape = self.model.observation_space.shape
+        assert shape is not None, "an SB3 policy's observation space has a shape"
+        self.obs_size = int(shape[0])
         self.trained_k = _trained_max_step(model_path.parent)
         self.n = 0
         self.k = 0
@@ -135,7 +137,7 @@ class SB3Policy:
             )
         if self.trained_k is not None and self.trained_k != k:
             raise ValueError(f"policy {self.name} was trained with max_step {self.trained_k}; this scenario has {k}")
-        space = self.model.action_space
+        space: Any = self.model.action_space  # MultiDiscrete, Discrete or Box, as kind_of read it
         if self.kind == "multidiscrete":
             fits = space.nvec.tolist() == [2 * k + 1] * n
         elif self.kind == "discrete":

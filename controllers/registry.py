@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 from admit.controllers.aimd import AIMDController
 from admit.controllers.differentiated import DifferentiatedController
@@ -31,7 +32,7 @@ def _static(arg: str | None) -> Controller:
     return c
 
 
-def _no_arg(cls: type) -> Callable[[str | None], Controller]:
+def _no_arg(cls: Any) -> Callable[[str | None], Controller]:  # a controller class with a name
     def make(arg: str | None) -> Controller:
         if arg is not None:
             raise ValueError(f"policy {cls.name!r} takes no argument, got {arg!r}")

@@ -27,6 +27,7 @@ Percentiles of an empty window are 0 with ``samples`` = 0. An SLO of "none" (inf
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from operator import attrgetter
 
@@ -93,7 +94,7 @@ class Observation:
         return vector_from_values(vals)
 
     @classmethod
-    def from_vector(cls, vec: np.ndarray, time_s: float = 0.0, window_s: float = 0.0) -> Observation:
+    def from_vector(cls, vec: np.ndarray | Sequence[float], time_s: float = 0.0, window_s: float = 0.0) -> Observation:
         n_global = len(GLOBAL_FEATURES)
         per = len(TENANT_FEATURES)
         if (len(vec) - n_global) % per != 0:

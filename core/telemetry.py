@@ -10,8 +10,8 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
+from typing import Protocol
 
-from admit.core.admission import AdmissionCore
 from admit.core.observation import NO_SLO, Observation, TenantObservation
 from admit.core.percentiles import p50_p95_p99
 from admit.core.spec import ControlSpec
@@ -92,11 +92,21 @@ class TenantWindows:
         return (float(len(a)), float(len(done)), float(len(d)), float(len(r)), *pct)
 
 
+class AdmissionCounts(Protocol):
+    """What an Observation reads of the admission state: the simulator's AdmissionCore, the gateway's snapshot."""
+
+    def queue_depth(self, tenant: int) -> int: ...
+
+    def in_flight(self, tenant: int) -> int: ...
+
+    def limit(self, tenant: int) -> int: ...
+
+
 def build_observation(
     now: float,
     spec: ControlSpec,
     windows: Sequence[TenantWindows],
-    core: AdmissionCore,
+    core: AdmissionCounts,
     gpu_mem_util: float,
     engine_running: float,
     engine_waiting: float,
@@ -118,7 +128,7 @@ def build_observation(
 def observation_values(
     now: float,
     windows: Sequence[TenantWindows],
-    core: AdmissionCore,
+    core: AdmissionCounts,
     gpu_mem_util: float,
     engine_running: float,
     engine_waiting: float,

@@ -57,7 +57,7 @@ class Connection(asyncio.Protocol):
     def __init__(self, handler: Handler) -> None:
         self.handler = handler
         self.transport: asyncio.Transport | None = None
-        self.on_close: Callable[[], None] | None = None
+        self.on_close: Callable[[], object] | None = None  # its result is ignored
         self.closed = False
         self._buf = b""
         self._busy = False  # an answer is in progress

@@ -120,7 +120,7 @@ class VllmMetrics:
         self.lateness = Hist(LATENESS_BUCKETS)
         self.engine: EngineGauges = EngineSnapshot()
         self.registry = CollectorRegistry(auto_describe=False)
-        self.registry.register(self)  # type: ignore[arg-type]
+        self.registry.register(self)
 
     # ---------------------------------------------------------------- recording
     def observe_finished(self, reason: str, t: FinishedTimes) -> None:

@@ -119,8 +119,8 @@ def build_report() -> tuple[str, list[Check]]:
     out("|---|" + "---|" * len(ctxs))
     for d in (1, 16, 64, 256):
         row = []
-        for c in ctxs:
-            bb = cal.decode_batches(d, c)
+        for ctx in ctxs:
+            bb = cal.decode_batches(d, ctx)
             row.append(_pct(float((bb.step_times(m) / cal.blis_h100(bb.prefill, bb.decode))[0] - 1)))
         out(f"| {d} | " + " | ".join(row) + " |")
     out("\nBLIS's regression has no context term: its 6 µs per decode token equals the KV-read time of about 80")

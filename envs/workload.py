@@ -223,7 +223,7 @@ def draw_tenant(
         times, p, o = arrival.rows(horizon_s, episode_seed)
     else:
         times = arrival.times(rng, horizon_s)
-        p = o = None
+        p = o = None  # type: ignore[assignment]  # filled from the size specs below
     n = len(times)
     if prompt is not None:
         p = prompt.sample(rng, n)

@@ -98,11 +98,11 @@ def llm_settings(res_dir: Path) -> Iterator[Path | None]:
     try:
         yield log
     finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
             else:
-                os.environ[k] = v
+                os.environ[name] = old
 
 
 def skipped(scenario: str) -> list[str]:

@@ -102,7 +102,7 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
     class GuardedProtocol(HttpToolsProtocol):
         def __init__(self, *args: Any, **kwargs: Any) -> None:
             super().__init__(*args, **kwargs)
-            self.timeout_keep_alive = bounds.idle_timeout_s
+            self.timeout_keep_alive = bounds.idle_timeout_s  # type: ignore[assignment]  # uvicorn types it int
             # per connection: bytes of the head being read, whether a head is being read, heads read so far,
             # the deadline armed, when it last became idle (loop time), whether it was refused at the door
             self._head_bytes = 0
@@ -115,7 +115,7 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             self._refused = False
 
         # ------------------------------------------------------------- opening and closing
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
             full = len(self.connections) >= bounds.max_connections and not _evict_idle(self.connections)
             super().connection_made(transport)
             if full:
@@ -221,7 +221,7 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             self._armed = 0
             cycle = self.cycle
             if cycle is not None and not cycle.response_started:
-                cycle.scope[SCOPE_CLOSED] = _BODY_TIMEOUT  # type: ignore[literal-required]
+                cycle.scope[SCOPE_CLOSED] = _BODY_TIMEOUT  # type: ignore[literal-required]  # our key in the scope
                 cycle.disconnected = True  # the app's body read ends; nothing it sends goes out any more
                 cycle.message_event.set()
                 self._answer(408, _BODY_TIMEOUT, f"the request body took longer than {bounds.body_timeout_s:g} s",

@@ -129,6 +129,11 @@ def _reuseport(host: str, port: int, listen: bool) -> socket.socket:
     return sock
 
 
+def _tell(fd: int) -> None:
+    """A worker's one byte to the parent: it accepts connections."""
+    os.write(fd, b"1")
+
+
 def run_workers(make_app: Callable[[], Gateway], host: str, port: int, workers: int,
                 start_timeout_s: float = 120.0) -> int:
     """``workers`` processes serving one port through SO_REUSEPORT; returns the exit status (see module doc)."""
@@ -148,7 +153,7 @@ def run_workers(make_app: Callable[[], Gateway], host: str, port: int, workers: 
                 os.close(ready_r)
                 sock = _reuseport(host, port, listen=True)
                 quiet_gc()
-                uvloop.run(serve(make_app(), sock, announce=False, ready=lambda: os.write(ready_w, b"1")))
+                uvloop.run(serve(make_app(), sock, announce=False, ready=lambda: _tell(ready_w)))
             except BaseException:  # reported, then the worker ends with status 1
                 traceback.print_exc()
                 code = 1

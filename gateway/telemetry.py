@@ -248,7 +248,7 @@ class LiveTelemetry:
                 self._stale_logged = True
         else:
             self._stale_logged = False
-        obs = build_observation(now - self.t0, self.spec, self.windows, _Counts(snapshot, self.names),  # type: ignore[arg-type]
+        obs = build_observation(now - self.t0, self.spec, self.windows, _Counts(snapshot, self.names),
                                 mem, running, waiting)
         info = {
             "stale": stale,

@@ -110,7 +110,7 @@ class _Conn(asyncio.Protocol):
 
     # -- asyncio.Protocol --------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a TCP connection's transport is a Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -199,7 +199,7 @@ class _Conn(asyncio.Protocol):
     async def request(self, data: bytes) -> Response:
         self._reset()
         self._active = True
-        self.transport.write(data)  # type: ignore[union-attr]
+        self.transport.write(data)  # type: ignore[union-attr]  # the pool hands out connected connections only
         while self._head is None:
             if self._error is not None:
                 raise self._error
@@ -219,7 +219,7 @@ class _Conn(asyncio.Protocol):
                 self._buffered = 0
                 if self._paused and not self.closed:
                     self._paused = False
-                    self.transport.resume_reading()  # type: ignore[union-attr]
+                    self.transport.resume_reading()  # type: ignore[union-attr]  # paused => connected
                 return data
             if self._complete:
                 return b""
@@ -268,7 +268,7 @@ class Upstream:
             head += f"Authorization: Bearer {api_key}\r\n"
         self._head = head.encode("latin-1")
         self.timeout_s = timeout_s
-        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]
+        self.loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set by start(), on the loop
         self._idle: collections.deque[_Conn] = collections.deque()
         self._ssl: ssl.SSLContext | None = None
         self._started = False

@@ -31,7 +31,7 @@ from admit.core import percentiles
 from admit.core.observation import Observation
 from admit.engine.fidelity import SIM2LIVE_SECTION as SECTION
 from admit.engine.request import Request
-from admit.envs.scenario import Scenario, SlotEngineConfig, load_scenario
+from admit.envs.scenario import Scenario, SlotEngineConfig, TokenEngineConfig, load_scenario
 from admit.envs.simulation import Simulation, draw_requests
 from admit.live.control import observation_summary
 from admit.live.run import run_live
@@ -147,7 +147,7 @@ def compare(sim: dict[str, Any], lives: list[dict[str, Any]]) -> dict[str, Any]:
         out = {}
         for m in METRICS:
             a = s.get(m)
-            vals = [lv.get(m) for lv in lvs if lv.get(m) is not None]
+            vals: list[float] = [float(v) for lv in lvs if (v := lv.get(m)) is not None]
             b = round(float(np.median(vals)), 4) if vals else None
             rel = None if not a or b is None else round((b - a) / a, 4)
             singles = [round((v - a) / a, 4) for v in vals] if a else []
@@ -199,9 +199,9 @@ def align_decisions(sim_decisions: list[dict[str, Any]], live_log: list[dict[str
         live_at.setdefault(k, rec)
     rows = []
     for k, d in enumerate(sim_decisions):
-        rec = live_at.get(k)
-        off = None if rec is None or "since_traffic_s" not in rec else round(rec["since_traffic_s"] - d["t"], 3)
-        rows.append({"t": d["t"], "sim": d["limits_after"], "live": None if rec is None else rec["limits_after"],
+        got = live_at.get(k)
+        off = None if got is None or "since_traffic_s" not in got else round(got["since_traffic_s"] - d["t"], 3)
+        rows.append({"t": d["t"], "sim": d["limits_after"], "live": None if got is None else got["limits_after"],
                      "offset_s": off})
     offsets = [abs(r["offset_s"]) for r in rows if r["offset_s"] is not None]
     gaps = [abs(r["live"][n] - v) for r in rows if r["live"] is not None for n, v in r["sim"].items()]
@@ -311,6 +311,8 @@ def run_policy(sc: Scenario, scenario: str, requests: list[Request], policy: str
                console: Console, repeat: int = 1) -> dict[str, Any]:
     """The simulator once (it is deterministic) and ``repeat`` live runs, each on a fresh emulator and gateway."""
     import os
+
+    assert isinstance(sc.engine, TokenEngineConfig), "run_sim2live refuses slot-engine scenarios"
 
     sim = simulate(sc, requests, policy, seed)
     console.print(f"{policy}, simulator: {sim['completed']} of {len(requests)} requests, "

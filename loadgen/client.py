@@ -182,7 +182,7 @@ class Connection(asyncio.Protocol):
 
     # -- asyncio.Protocol -------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a TCP connection's transport is a Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
@@ -215,7 +215,7 @@ class Connection(asyncio.Protocol):
         self.expect_stream = stream
         self._reset_parser()
         attempt.send = monotonic_ns()
-        self.transport.write(data)  # type: ignore[union-attr]
+        self.transport.write(data)  # type: ignore[union-attr]  # the pool hands out connected connections only
 
     def abort(self) -> None:
         self.keep_alive = False
@@ -342,6 +342,7 @@ class Connection(asyncio.Protocol):
             _HEADS[head] = parsed
         status, length, chunked, close, is_stream, retry_after = parsed
         a = self.cur
+        # cur is set: data_received drops bytes that arrive without a request (no check on the hot path)
         a.status = status  # type: ignore[union-attr]
         a.retry_after = retry_after  # type: ignore[union-attr]
         self.is_stream = is_stream

@@ -20,13 +20,13 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-from admit.core.workload import ConstantSize, ExponentialSize, LognormalSize, NormalSize, Spec, UniformSize
+from admit.core.workload import ConstantSize, ExponentialSize, LognormalSize, NormalSize, UniformSize
 from pydantic import ValidationError
 
 DEFAULT_MAX = 1_000_000
 FORMS = "N, fixed:N, uniform:LO:HI, normal:MEAN:STD, lognormal:MEDIAN:SIGMA, exponential:MEAN (optional :max=M)"
 # each kind's numbers, in order, as the fields of its model; and the model's checks, in the string's names
-_FIELDS: dict[str, tuple[type[Spec], tuple[str, ...]]] = {
+_FIELDS: dict[str, tuple[type[Any], tuple[str, ...]]] = {  # every size model takes max=
     "fixed": (ConstantSize, ("value",)),
     "uniform": (UniformSize, ("low", "high")),
     "normal": (NormalSize, ("mean", "std")),

@@ -23,6 +23,8 @@ import asyncio
 import json
 import sys
 import time
+from collections.abc import Callable, Coroutine
+from typing import Any
 
 MODEL = "mock"
 
@@ -77,7 +79,7 @@ class ServerProtocol(asyncio.Protocol):
         self.loop = asyncio.get_event_loop()
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        self.transport = transport  # type: ignore[assignment]
+        self.transport = transport  # type: ignore[assignment]  # a TCP connection's transport is a Transport
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
@@ -114,6 +116,7 @@ class ServerProtocol(asyncio.Protocol):
 
     def _handle(self, method: bytes, path: bytes, body: bytes) -> None:
         if method == b"GET":
+            payload: dict[str, Any]
             if path.startswith(b"/v1/models"):
                 payload = {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "admit"}]}
             elif path.startswith(b"/health"):  # vLLM's liveness route (guidellm checks it before a run)
@@ -253,7 +256,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         import uvloop
 
-        runner = uvloop.run
+        runner: Callable[[Coroutine[Any, Any, None]], None] = uvloop.run
     except ImportError:  # pragma: no cover
         runner = asyncio.run
     try:

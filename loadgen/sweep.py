@@ -17,6 +17,7 @@ Every percentile here is the stage histogram's nearest rank (core/percentiles.py
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -80,7 +81,7 @@ def run_sweep(
     stop = None
     sustainable = None
     for i, rate in enumerate(cfg.sweep.rates()):
-        r = run_stage(cfg, model, rate / base, stage=i, on_tick=(lambda f, i=i: on_tick(i, f)) if on_tick else None)
+        r = run_stage(cfg, model, rate / base, stage=i, on_tick=functools.partial(on_tick, i) if on_tick else None)
         results.append(r)
         reasons = stop_reasons(r, cfg)
         if on_stage is not None:

@@ -21,6 +21,7 @@ a bad key or value raises ``TrainConfigError`` naming the key and what is allowe
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -147,7 +148,7 @@ class TrainConfig(_Model):
         return data
 
 
-def _message(e: dict[str, Any]) -> str:
+def _message(e: Mapping[str, Any]) -> str:  # a pydantic ErrorDetails
     if e["type"] == "extra_forbidden":
         return "unknown key"
     return str(e["msg"]).removeprefix("Value error, ")

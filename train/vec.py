@@ -75,7 +75,8 @@ class BlockVecEnv(VecEnv):
             raise ValueError(f"BlockVecEnv needs a Box observation space, got {obs_space}")
         if local_range is None:
             probe.close()
-        ctx = mp.get_context(start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"))
+        ctx: Any = mp.get_context(  # a SpawnContext or ForkServerContext (BaseContext has no Process)
+            start_method or ("forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"))
         shape, dtype = obs_space.shape, np.dtype(obs_space.dtype)
         raw = (
             ctx.RawArray("b", max(n * int(np.prod(shape)) * dtype.itemsize, 1)),

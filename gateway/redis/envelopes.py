@@ -135,11 +135,11 @@ class SharedEnvelopeBook(EnvelopeBook):
         """Seed missing configs, take other replicas' changes, and read the shared budget of every bucket."""
         assert self._adm is not None
         r = self._adm.r
-        stored: dict[str, str] = await r.hgetall(self._cfg_key)
+        stored: dict[str, str] = await r.hgetall(self._cfg_key)  # type: ignore[assignment]  # decode_responses
         for field, cfg in self._fields().items():
             if field not in stored and field not in self._dirty:  # a fresh server (or one that lost its data)
                 await r.hsetnx(self._cfg_key, field, _json(cfg))
-                stored[field] = await r.hget(self._cfg_key, field) or _json(cfg)
+                stored[field] = str(await r.hget(self._cfg_key, field) or _json(cfg))
         for field, value in stored.items():
             if field not in self._dirty and self._seen.get(field) != value:
                 self._take(field, value)
