@@ -31,7 +31,7 @@ import hashlib
 import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
 from admit.core import config as core_config
@@ -146,19 +146,26 @@ class AuthConfig(_Strict):
     header: str = Field(default="x-admit-tenant", min_length=1)
 
 
-class AdminConfig(_Strict):
+class _TokenConfig(_Strict):
+    """A bearer token given inline (``token``) or, better, in an environment variable (``token_env``)."""
+
     token: str | None = Field(default=None, min_length=16)
     token_env: str | None = None
+    _key: ClassVar[str] = "token"  # the section's key, for the error messages
 
     def resolve(self) -> str | None:
         if self.token_env:
             value = os.environ.get(self.token_env)
             if not value:
-                raise ConfigError(f"admin.token_env: environment variable {self.token_env} is not set")
+                raise ConfigError(f"{self._key}.token_env: environment variable {self.token_env} is not set")
             if len(value) < 16:
-                raise ConfigError(f"admin.token_env: the token in {self.token_env} needs at least 16 characters")
+                raise ConfigError(f"{self._key}.token_env: the token in {self.token_env} needs at least 16 characters")
             return value
         return self.token
+
+
+class AdminConfig(_TokenConfig):
+    _key: ClassVar[str] = "admin"
 
 
 class RedisConfig(_Strict):
@@ -200,23 +207,12 @@ class ConnectionsConfig(_Strict):
     idle_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # a connection with no request in progress
 
 
-class MetricsConfig(_Strict):
+class MetricsConfig(_TokenConfig):
     """Who may read ``GET /metrics``. Default: anyone who can reach the port (what Prometheus scrapers
     expect; bind the gateway to a private address). With a token, a scrape needs ``Authorization: Bearer``
     with it (or with the admin token)."""
 
-    token: str | None = Field(default=None, min_length=16)
-    token_env: str | None = None
-
-    def resolve(self) -> str | None:
-        if self.token_env:
-            value = os.environ.get(self.token_env)
-            if not value:
-                raise ConfigError(f"metrics.token_env: environment variable {self.token_env} is not set")
-            if len(value) < 16:
-                raise ConfigError(f"metrics.token_env: the token in {self.token_env} needs at least 16 characters")
-            return value
-        return self.token
+    _key: ClassVar[str] = "metrics"
 
 
 class ControlConfig(_Strict):

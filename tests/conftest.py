@@ -6,7 +6,17 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from gateway_helpers import CountingMock
 from redis_helpers import RedisServer
+
+
+@pytest.fixture(scope="module")
+def mock() -> Iterator[CountingMock]:
+    """The project's mock OpenAI server answering at once (no delays), shared by one module's tests; a module
+    that needs delays defines its own ``mock``."""
+    m = CountingMock(itl_ms=0)
+    yield m
+    m.stop()
 
 
 @pytest.fixture

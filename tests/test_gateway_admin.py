@@ -13,13 +13,6 @@ pytestmark = pytest.mark.timeout(180)
 
 
 @pytest.fixture(scope="module")
-def mock() -> Iterator[CountingMock]:
-    m = CountingMock(itl_ms=0)
-    yield m
-    m.stop()
-
-
-@pytest.fixture(scope="module")
 def gw(mock: CountingMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     cfg = {"tenants": [tenant_cfg("a", limit=2), tenant_cfg("b", limit=3)]}
     g = GatewayProcess(tmp_path_factory.mktemp("gw"), mock.url, cfg)

@@ -174,13 +174,6 @@ def test_book_checks_all_envelopes_before_charging_and_alerts_once() -> None:
 
 
 @pytest.fixture(scope="module")
-def mock() -> Iterator[CountingMock]:
-    m = CountingMock(itl_ms=0)
-    yield m
-    m.stop()
-
-
-@pytest.fixture(scope="module")
 def gw(mock: CountingMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     cfg = {"tenants": [
         tenant_cfg("rated", limit=8, envelopes=[{"target": "*", "requests_per_s": 0.5, "request_burst": 2}]),

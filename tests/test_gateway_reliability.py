@@ -34,13 +34,6 @@ TIGHT = {"head_timeout_s": 2, "body_timeout_s": 2, "idle_timeout_s": 2}
 
 
 @pytest.fixture(scope="module")
-def mock() -> Iterator[CountingMock]:
-    m = CountingMock(itl_ms=0)
-    yield m
-    m.stop()
-
-
-@pytest.fixture(scope="module")
 def gw(mock: CountingMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     """Default connection bounds (32 KiB heads, 10 s head deadline, 30 s body and idle)."""
     cfg = {"tenants": [tenant_cfg("a", limit=8), tenant_cfg("b", limit=8)]}

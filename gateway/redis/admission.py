@@ -357,26 +357,25 @@ class RedisAdmission(TenantSlots):
     def forget(self, t: int, lid: str) -> None:
         """A lease whose script may or may not have run: drop it here and make sure Redis drops it too (at
         once, or when Redis answers again if it is known to be down already)."""
-        if self.live.pop(lid, None) is None:
-            return
-        if self.up:
-            self._spawn(self._release_remote(t, lid))
-        else:
-            self.pending_release.append((t, lid))
+        self._drop_live(t, lid)
 
     def release(self, lease: Lease) -> None:
         if not self._first_release(lease, self._loop.time()):
             return
         t = lease.tenant
         self.local[t] -= 1
-        lid = getattr(lease, "id", "")
+        if self._drop_live(t, getattr(lease, "id", "")) and not self.up:
+            self._kick[t].set()  # fail-open counts locally: the freed local slot is usable at once
+
+    def _drop_live(self, t: int, lid: str) -> bool:
+        """Stop tracking lease ``lid`` and release it in Redis now, or once Redis is back; False if untracked."""
         if self.live.pop(lid, None) is None:
-            return
+            return False
         if self.up:
             self._spawn(self._release_remote(t, lid))
         else:
             self.pending_release.append((t, lid))
-            self._kick[t].set()  # fail-open counts locally: the freed local slot is usable at once
+        return True
 
     async def _release_remote(self, t: int, lid: str) -> None:
         try:

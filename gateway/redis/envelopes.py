@@ -387,23 +387,30 @@ class SharedEnvelopeBook(EnvelopeBook):
             super().refund(charge, now)
 
     async def _refund_remote(self, charge: SharedCharge) -> None:
-        adm = self._adm
-        assert adm is not None
         items = [(env, unit) for env, unit, _ in charge.items]
-        keys = [self._bucket_key(env.tenant, env.cfg.target, unit) for env, unit in items]
         args: list[Any] = ["refund", len(items)]
         for env, unit, qty in charge.items:
             b = env.buckets.get(unit)
             if b is None:  # the envelope changed meanwhile; its bucket is gone
                 return
             args += [b.rate, b.burst, qty]
-        try:
-            got = await self._gcra(keys=keys, args=args)
-        except adm.ERRORS as exc:
+        got = await self._background_gcra(items, args, "a refund")
+        if got is None:
             self.refunds_dropped += 1
-            adm.failed(exc, "GCRA", f"a refund of tenant {charge.items[0][0].tenant}")
             return
         self._sync(items, [], got)
+
+    async def _background_gcra(self, items: list[tuple[Envelope, str]], args: list[Any], what: str) -> Any:
+        """One GCRA script call on the buckets of ``items`` off the request path (a refund, a settle); None
+        when Redis does not answer it (the caller counts it as dropped: see the module docstring)."""
+        adm = self._adm
+        assert adm is not None
+        keys = [self._bucket_key(env.tenant, env.cfg.target, unit) for env, unit in items]
+        try:
+            return await self._gcra(keys=keys, args=args)
+        except adm.ERRORS as exc:
+            adm.failed(exc, "GCRA", f"{what} of tenant {items[0][0].tenant}")
+            return None
 
     def settle(self, charge: Charge, tokens_used: int, now: float) -> None:
         """``EnvelopeBook.settle`` on the shared buckets for a charge made in Redis (one background script
@@ -430,14 +437,12 @@ class SharedEnvelopeBook(EnvelopeBook):
         if not adm.up:  # not worth a timeout: Redis's buckets are the truth again when it is back
             self.settles_dropped += 1
             return
-        keys = [self._bucket_key(env.tenant, env.cfg.target, unit) for env, unit in items]
-        try:
-            got = await self._gcra(keys=keys, args=args)
-        except adm.ERRORS as exc:
+        got = await self._background_gcra(items, args, "a settle")
+        if got is None:
             self.settles_dropped += 1
-            adm.failed(exc, "GCRA", f"a settle of tenant {items[0][0].tenant}")
             return
         self.settled += 1
+        self._sync(items, [], got)  # the mirror shows the settled budget at once
         self._sync(items, [], got)
         now = self._clock()
         for env, unit in items:
