@@ -11,7 +11,8 @@ from dataclasses import dataclass, field
 class TenantSpec:
     """One tenant as a controller sees it: a name and its service-level objectives.
 
-    SLOs are upper bounds on latency percentiles in seconds; ``math.inf`` means "no objective".
+    SLOs are upper bounds in seconds on latency percentiles over the window (``slo_*_p99_s``) and on each
+    request (``slo_ttft_s``, ``slo_tpot_s``, ``slo_e2e_s``; core/slo.py); ``math.inf`` means "no objective".
     """
 
     name: str
@@ -19,6 +20,15 @@ class TenantSpec:
     slo_ttft_p99_s: float = math.inf
     weight: float = 1.0
     priority: int = 0
+    # per-request objectives (core/slo.py): a request is good when it meets all three
+    slo_ttft_s: float = math.inf
+    slo_tpot_s: float = math.inf
+    slo_e2e_s: float = math.inf
+
+    @property
+    def request_bounds(self) -> tuple[float, float, float]:
+        """(ttft, tpot, e2e) per-request bounds, ``inf`` for none: what ``core.slo.is_good`` takes."""
+        return (self.slo_ttft_s, self.slo_tpot_s, self.slo_e2e_s)
 
 
 @dataclass(frozen=True)

@@ -133,6 +133,9 @@ class Scenario(_Model):
                 slo_ttft_p99_s=t.slo.ttft_p99_bound,
                 weight=t.weight,
                 priority=t.priority,
+                slo_ttft_s=t.slo.ttft_bound,
+                slo_tpot_s=t.slo.tpot_bound,
+                slo_e2e_s=t.slo.e2e_bound,
             )
             for t in self.tenants
         )

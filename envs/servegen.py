@@ -145,7 +145,7 @@ def skewed_scenario() -> dict:
     """The ``servegen-skewed`` scenario as a dict (what envs/scenarios/servegen-skewed.yaml holds)."""
     tenants = servegen_tenant_configs(SKEWED_CLIENTS, SKEWED_START_S, SKEWED_RATE_SCALE)
     for t in tenants:
-        t["slo"] = {"ttft_p99_s": 2.0, "e2e_p99_s": 60.0}
+        t["slo"] = {"ttft_s": 2.0, "tpot_s": 0.1, "ttft_p99_s": 2.0, "e2e_p99_s": 60.0}
     return {
         "name": "servegen-skewed",
         "description": (

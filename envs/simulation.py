@@ -52,9 +52,12 @@ class TenantTotals:
     completed: int = 0
     dropped: int = 0  # waited longer than the queue timeout
     rejected: int = 0  # found the queue full
-    slo_violations: int = 0  # completed, but over an SLO
+    slo_violations: int = 0  # completed, but over a p99 objective taken per request (the reward's term)
+    good: int = 0  # completed and met every per-request objective (core/slo.py): what goodput counts
+    output_tokens: int = 0  # of the completed requests
     e2e: list[float] = field(default_factory=list)
     ttft: list[float] = field(default_factory=list)
+    tpot: list[float] = field(default_factory=list)
 
 
 def draw_requests(scenario: Scenario, seed: int) -> list[Request]:
@@ -160,6 +163,7 @@ class Simulation:
         self.interval_totals = [TenantTotals() for _ in range(n)]
         slo = [(t.slo_e2e_p99_s, t.slo_ttft_p99_s) for t in self.spec.tenants]
         self._slo = slo
+        self._bounds = [t.request_bounds for t in self.spec.tenants]  # per-request (ttft, tpot, e2e)
 
     def _clock(self) -> float:
         return self.now
@@ -325,12 +329,21 @@ class Simulation:
         k = r.tenant
         e2e = t - r.arrival
         ttft = r.first_token - r.arrival
+        out = r.output_tokens
+        per_token = (e2e - ttft) / (out - 1) if out > 1 else 0.0  # core.slo.tpot, inlined on the hot path
         tot = self.totals[k]
         tot.completed += 1
+        tot.output_tokens += out
         tot.e2e.append(e2e)
         tot.ttft.append(ttft)
+        tot.tpot.append(per_token)
         it = self.interval_totals[k]
         it.completed += 1
+        it.output_tokens += out
+        b = self._bounds[k]
+        if ttft <= b[0] and per_token <= b[1] and e2e <= b[2]:  # core.slo.is_good
+            tot.good += 1
+            it.good += 1
         slo_e2e, slo_ttft = self._slo[k]
         if e2e > slo_e2e or ttft > slo_ttft:
             tot.slo_violations += 1
@@ -342,22 +355,68 @@ class Simulation:
 
     # ------------------------------------------------------------------ results
     def summary(self) -> dict[str, float]:
-        """Episode metrics: throughput, p99, drops, SLO attainment, Jain's fairness (see docs)."""
+        """Episode metrics over all tenants: goodput and attainment, throughput, latency percentiles, drops,
+        Jain's fairness (`episode_metrics`)."""
         return episode_metrics(self.totals, self.horizon_s)
+
+    def tenant_summary(self) -> dict[str, dict[str, float]]:
+        """`tenant_metrics` of every tenant, by name."""
+        return {t.name: tenant_metrics(tot, self.horizon_s) for t, tot in zip(self.spec.tenants, self.totals,
+                                                                                strict=True)}
 
 
 def _p99(values: list[float]) -> float:
     return linear_np(values, 99) if values else 0.0  # percentiles.LINEAR, as every episode summary
 
 
+def _pct(values: list[float], q: float) -> float:
+    return linear_np(values, q) if values else 0.0  # percentiles.LINEAR, as every episode summary
+
+
+def tenant_metrics(t: TenantTotals, horizon_s: float) -> dict[str, float]:
+    """One tenant's episode: goodput (good requests/s), attainment (good / arrived: drops and rejections
+    count against it), throughput, TTFT/TPOT/e2e p50 and p99 of its completions, drops, rejections."""
+    return {
+        "goodput_rps": t.good / horizon_s,
+        "attainment": t.good / t.arrived if t.arrived else 1.0,
+        "throughput_rps": t.completed / horizon_s,
+        "output_tokens_per_s": t.output_tokens / horizon_s,
+        "ttft_p50_s": _pct(t.ttft, 50),
+        "ttft_p99_s": _pct(t.ttft, 99),
+        "tpot_p50_s": _pct(t.tpot, 50),
+        "tpot_p99_s": _pct(t.tpot, 99),
+        "e2e_p50_s": _pct(t.e2e, 50),
+        "e2e_p99_s": _pct(t.e2e, 99),
+        "timeouts": float(t.dropped),
+        "rejected": float(t.rejected),
+        "arrived": float(t.arrived),
+        "completed": float(t.completed),
+        "good": float(t.good),
+    }
+
+
+def jain(values: Sequence[float]) -> float:
+    """Jain's fairness index (Σx)² / (n·Σx²): 1 when all are equal, 1/n when one has everything."""
+    sq = sum(x * x for x in values)
+    return (sum(values) ** 2 / (len(values) * sq)) if values and sq > 0 else 1.0
+
+
 def episode_metrics(totals: Sequence[TenantTotals], horizon_s: float) -> dict[str, float]:
+    """Over all tenants. ``goodput_rps`` and ``attainment`` first (what an evaluation judges by), with the
+    worst tenant's attainment and Jain's index over the tenants' attainments (tenants that saw no request
+    left out); then the seed study's figures: throughput, e2e p50/p99, drops, its SLO attainment
+    (``slo_attainment``: completions within the p99 objectives taken per request) and Jain's index over the
+    tenants' served shares."""
     completed = sum(t.completed for t in totals)
     arrived = sum(t.arrived for t in totals)
+    good = sum(t.good for t in totals)
+    attain = [t.good / t.arrived for t in totals if t.arrived > 0]
     all_e2e = [x for t in totals for x in t.e2e]
     all_ttft = [x for t in totals for x in t.ttft]
     met = sum(t.completed - t.slo_violations for t in totals)
     served = [t.completed / t.arrived for t in totals if t.arrived > 0]
-    jain = (sum(served) ** 2 / (len(served) * sum(x * x for x in served))) if served and any(served) else 1.0
+    jain_served = (sum(served) ** 2 / (len(served) * sum(x * x for x in served))) if served and any(served) else 1.0
+    all_tpot = [x for t in totals for x in t.tpot]
     out = {
         "throughput_rps": completed / horizon_s,
         "p99_s": _p99(all_e2e),
@@ -369,6 +428,13 @@ def episode_metrics(totals: Sequence[TenantTotals], horizon_s: float) -> dict[st
         "arrived": float(arrived),
         "completed": float(completed),
         "slo_attainment": met / arrived if arrived else 1.0,
-        "jain_fairness": jain,
+        "jain_fairness": jain_served,
+        "goodput_rps": good / horizon_s,
+        "attainment": good / arrived if arrived else 1.0,
+        "worst_attainment": min(attain) if attain else 1.0,
+        "jain_attainment": jain(attain),
+        "ttft_p50_s": _pct(all_ttft, 50),
+        "tpot_p50_s": _pct(all_tpot, 50),
+        "tpot_p99_s": _pct(all_tpot, 99),
     }
     return out

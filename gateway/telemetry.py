@@ -56,7 +56,8 @@ def gateway_spec(cfg: GatewayConfig) -> ControlSpec:
     """The ControlSpec a gateway's configuration implies (``admit control --spec gateway``)."""
     c = cfg.control
     tenants = tuple(
-        TenantSpec(t.name, t.slo.e2e_p99_bound, t.slo.ttft_p99_bound, t.weight, t.priority)
+        TenantSpec(t.name, t.slo.e2e_p99_bound, t.slo.ttft_p99_bound, t.weight, t.priority, t.slo.ttft_bound,
+                   t.slo.tpot_bound, t.slo.e2e_bound)
         for t in cfg.tenants
     )
     lo = min(c.min_limit, c.max_limit)

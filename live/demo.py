@@ -35,7 +35,7 @@ def gateway_config(limit: int) -> dict[str, Any]:
         "control": {"min_limit": 1, "max_limit": 4, "max_step": 1, "interval_s": 3},
         "tenants": [
             {"name": n, "api_keys": [f"sk-demo-{n}-key"], "limit": limit, "max_queue": 64, "queue_timeout_s": 3,
-             "slo": {"e2e_p99_s": 12}}
+             "slo": {"e2e_s": 12, "e2e_p99_s": 12}}
             for n in TENANTS
         ],
     }
