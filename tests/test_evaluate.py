@@ -181,3 +181,111 @@ def test_weak_reading_sits_beside_the_strict_verdict_and_is_weaker():
     zero = _entry(7.829, 16.0, 0.0)
     assert non_inferior(_entry(7.829, 15.3, 0.0, p_p99=1e-5), zero) == "yes"
     assert non_inferior(_entry(7.829, 15.3, 2.0, p_p99=1e-5, p_d=0.2), zero) == "no (drops)"
+
+
+# ---------------------------------------------------------------------------------- goodput, per tenant (issue 12)
+SHORT_S = 120.0  # simulated seconds per episode: enough for every h200-mixed tenant to be served and to miss
+
+
+@pytest.fixture(scope="module")
+def short_eval() -> dict:
+    """Three policies on h200-mixed cut to two minutes, three seeds: every figure the reports read."""
+    sc = load_scenario("h200-mixed", horizon_s=SHORT_S)
+    return evaluate(sc, ["static", "robust", "static:16"], seeds=3).to_json()
+
+
+def test_rollout_counts_every_tenant_and_the_tenants_add_up_to_the_total():
+    sc = load_scenario("h200-mixed", horizon_s=SHORT_S)
+    r = rollout(sc, "static", 1)
+    tenants = r["tenants"]
+    assert list(tenants) == [t.name for t in sc.tenants]
+    assert sum(t["good"] for t in tenants.values()) == pytest.approx(r["goodput_rps"] * SHORT_S)
+    for m in ("arrived", "completed", "timeouts", "rejected"):
+        assert sum(t[m] for t in tenants.values()) == pytest.approx(r[m]), m
+    assert r["worst_attainment"] == min(t["attainment"] for t in tenants.values())
+    assert 0 < r["goodput_rps"] <= r["throughput_rps"]  # a good request is a completed one
+    assert r["e2e_p99_s"] == r["p99_s"] and r["e2e_p50_s"] == r["p50_s"]  # one figure under both names
+
+
+def test_results_json_has_the_goodput_metrics_and_every_tenant_with_paired_tests(short_eval):
+    from admit.evaluate.offline import METRICS, TENANT_METRICS
+
+    data = short_eval
+    assert data["horizon_s"] == SHORT_S and data["baseline"] == "static"
+    names = ["chat", "batch", "agent"]
+    for pol, e in data["policies"].items():
+        assert next(iter(e)) == "goodput_rps"  # goodput leads
+        for m in (*METRICS, "mean_limit"):
+            assert set(e[m]) == {"mean", "std", "ci95", "values"} and len(e[m]["values"]) == 3, (pol, m)
+        assert set(e["p_value_vs_first"]) >= {"goodput_rps", "attainment", "worst_attainment", "ttft_p99_s"}
+        assert list(e["tenants"]) == names
+        for t in e["tenants"].values():
+            for m in TENANT_METRICS:
+                assert set(t[m]) == {"mean", "std", "ci95", "values"}, m
+            assert set(t["p_value_vs_first"]) == set(TENANT_METRICS)
+            assert all(0.0 <= a <= 1.0 for a in t["attainment"]["values"])
+        # seed by seed, the tenants' good requests and goodput are the overall ones
+        for i in range(3):
+            good = sum(e["tenants"][n]["good"]["values"][i] for n in names)
+            assert good == pytest.approx(e["goodput_rps"]["values"][i] * SHORT_S)
+            tg = sum(e["tenants"][n]["goodput_rps"]["values"][i] for n in names)
+            assert tg == pytest.approx(e["goodput_rps"]["values"][i])
+            arrived = sum(e["tenants"][n]["arrived"]["values"][i] for n in names)
+            assert good / arrived == pytest.approx(e["attainment"]["values"][i])
+            worst = min(e["tenants"][n]["attainment"]["values"][i] for n in names)
+            assert worst == pytest.approx(e["worst_attainment"]["values"][i])
+    base = data["policies"]["static"]
+    assert all(p == 1.0 for p in base["p_value_vs_first"].values())
+    assert all(p == 1.0 for t in base["tenants"].values() for p in t["p_value_vs_first"].values())
+    # the per-tenant test is the overall one, on the tenant's values
+    s16 = data["policies"]["static:16"]["tenants"]["chat"]
+    assert s16["p_value_vs_first"]["attainment"] == paired_p(
+        s16["attainment"]["values"], base["tenants"]["chat"]["attainment"]["values"]
+    )
+
+
+def _judged(goodput: float, p_goodput: float, attain: dict[str, tuple[float, float]]) -> dict:
+    """A results.json policy entry with what the verdict reads: goodput and each tenant's (attainment, p)."""
+    return {
+        "goodput_rps": {"mean": goodput},
+        "p_value_vs_first": {"goodput_rps": p_goodput},
+        "tenants": {
+            n: {"attainment": {"mean": a}, "p_value_vs_first": {"attainment": p}} for n, (a, p) in attain.items()
+        },
+    }
+
+
+def test_verdict_wins_ties_and_loses_by_the_rule():
+    from admit.evaluate.verdict import verdict, verdicts
+
+    base = _judged(5.0, 1.0, {"chat": (0.80, 1.0), "batch": (0.95, 1.0)})
+    # more goodput at p < 0.05, every tenant within a point or better: a win
+    win = verdict(_judged(5.4, 0.002, {"chat": (0.86, 0.001), "batch": (0.945, 0.001)}), base)
+    assert win.outcome == "wins" and win.reasons == ("goodput +0.400 req/s, p = 0.002",)
+    # the same goodput gain bought by dropping one tenant by more than a point, significantly: a loss naming it
+    loss = verdict(_judged(5.4, 0.002, {"chat": (0.86, 0.001), "batch": (0.93, 0.01)}), base)
+    assert loss.outcome == "loses" and loss.reasons[1:] == ("batch attainment -0.020, p = 0.010",)
+    assert str(loss) == "loses: goodput +0.400 req/s, p = 0.002; batch attainment -0.020, p = 0.010"
+    # a tenant lower by more than a point without significance does not lose it (but is named)
+    loose = verdict(_judged(5.4, 0.002, {"chat": (0.86, 0.001), "batch": (0.90, 0.2)}), base)
+    assert loose.outcome == "wins" and "batch attainment -0.050, p = 0.200 (not significant)" in loose.reasons
+    # higher goodput that is not significant: a tie
+    tie = verdict(_judged(5.2, 0.08, {"chat": (0.82, 0.08), "batch": (0.95, 1.0)}), base)
+    assert tie.outcome == "ties" and tie.reasons == ("goodput +0.200 req/s, p = 0.080 (not significant)",)
+    # identical on every seed: a tie that says so
+    same = verdict(_judged(5.0, 1.0, {"chat": (0.80, 1.0), "batch": (0.95, 1.0)}), base)
+    assert str(same) == "ties: goodput the same on every seed"
+    # significantly less goodput: a loss, whatever the tenants
+    assert verdict(_judged(4.5, 0.01, {"chat": (0.80, 1.0), "batch": (0.95, 1.0)}), base).outcome == "loses"
+    # the boundary: exactly one point lower, significant, is not "more than one point"
+    edge = verdict(_judged(5.4, 0.002, {"chat": (0.80, 1.0), "batch": (0.94, 0.001)}), base)
+    assert edge.outcome == "wins"
+    # with fewer than six seeds nothing can be significant, and the reports say so
+    from admit.evaluate.verdict import MIN_SEEDS, too_few_seeds
+
+    assert paired_p([1.0] * MIN_SEEDS, [0.0] * MIN_SEEDS) < 0.05 <= paired_p([1.0] * 5, [0.0] * 5)
+    assert too_few_seeds(MIN_SEEDS) is None and "every verdict here is a tie" in too_few_seeds(3)
+    # verdicts(): every policy against the first of a results.json
+    data = {"policies": {"static": base, "x": _judged(5.4, 0.002, {"chat": (0.86, 0.001), "batch": (0.93, 0.01)})}}
+    got = verdicts(data)
+    assert got["static"] is None and got["x"] == loss
