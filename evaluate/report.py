@@ -1,45 +1,197 @@
-"""Human-readable output of an evaluation: a terminal table and a Pareto plot."""
+"""Human-readable output of an evaluation: the terminal tables, the verdicts and the Pareto plots.
+
+`print_table` prints what `admit evaluate` shows in 120 columns: the overall figures led by goodput, one row
+per policy; the per-tenant figures, one row per tenant and policy (it grows downwards, not sideways, with the
+number of tenants); and each policy's verdict against the first (evaluate/verdict.py). `pareto_plot` draws
+goodput against the worst tenant's attainment, what the verdict trades off; `latency_pareto_plot` is the seed
+study's throughput against e2e p99, kept for seed-paper's reproduction.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
 
+from admit.evaluate.verdict import too_few_seeds, verdicts
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
+WIDTH = 120
 
-def _fmt(entry: dict, digits: int) -> str:
+
+def _pm(entry: dict, digits: int) -> str:
+    """``mean ±h``: h the half-width of the 95% CI (the interval is symmetric: Student t)."""
     lo, hi = entry["ci95"]
-    return f"{entry['mean']:.{digits}f} [{lo:.{digits}f}, {hi:.{digits}f}]"
+    return f"{entry['mean']:.{digits}f} ±{(hi - lo) / 2:.{digits}f}"
 
 
-def _p(p: float) -> str:
-    return "—" if p >= 1.0 else (f"{p:.1e}" if p < 1e-3 else f"{p:.3f}")
+def _p(p: float, first: bool = False) -> str:
+    """A p-value in five characters at most; "—" on the first policy's row (it is not tested against itself)."""
+    return "—" if first else (f"{p:.0e}" if p < 1e-3 else f"{p:.3f}")
 
 
-def print_table(data: dict, console: Console | None = None) -> None:
-    console = console or Console(width=150)
-    t = Table(title=f"scenario {data['scenario']}: mean [95% CI] over {data['seeds']} seeds; p vs first (Wilcoxon)")
-    for col in ("policy", "throughput req/s", "p", "p99 s", "p", "dropped", "p", "SLO attain.", "Jain"):
-        t.add_column(col, justify="right" if col != "policy" else "left")
-    for name, e in data["policies"].items():
+def _table(title: str, columns: list[str], wrap: tuple[str, ...] = ()) -> Table:
+    """A borderless table; a header's "\n" splits it over two lines so the column stays as narrow as its
+    figures, and only the policy names and the columns named in ``wrap`` may wrap their cells."""
+    t = Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False, collapse_padding=True, title_justify="left")
+    for col in columns:
+        left = col in ("policy", "tenant", "verdict", "why")
+        t.add_column(col, justify="left" if left else "right", no_wrap=col not in (*wrap, "policy"))
+    return t
+
+
+def _horizon(data: dict) -> str:
+    h = data.get("horizon_s")
+    return f" ({h:g} s episodes)" if h else ""
+
+
+def overall_table(data: dict) -> Table:
+    t = _table(
+        "all tenants",
+        [
+            "policy",
+            "goodput\nreq/s",
+            "p",
+            "attainment",
+            "p",
+            "worst\ntenant",
+            "Jain",
+            "TTFT\np99 s",
+            "TPOT\np99 ms",
+            "drops",
+            "rejects",
+            "mean\nlimit",
+        ],
+    )
+    for i, (name, e) in enumerate(data["policies"].items()):
         pv = e["p_value_vs_first"]
         t.add_row(
             name,
-            _fmt(e["throughput_rps"], 3),
-            _p(pv["throughput_rps"]),
-            _fmt(e["p99_s"], 2),
-            _p(pv["p99_s"]),
-            _fmt(e["dropped"], 1),
-            _p(pv["dropped"]),
-            f"{e['slo_attainment']['mean']:.3f}",
-            f"{e['jain_fairness']['mean']:.3f}",
+            _pm(e["goodput_rps"], 3),
+            _p(pv["goodput_rps"], i == 0),
+            _pm(e["attainment"], 3),
+            _p(pv["attainment"], i == 0),
+            f"{e['worst_attainment']['mean']:.3f}",
+            f"{e['jain_attainment']['mean']:.3f}",
+            f"{e['ttft_p99_s']['mean']:.2f}",
+            f"{1000 * e['tpot_p99_s']['mean']:.1f}",
+            f"{e['timeouts']['mean']:.1f}",
+            f"{e['rejected']['mean']:.1f}",
+            f"{e['mean_limit']['mean']:.1f}",
         )
-    console.print(t)
+    return t
+
+
+def tenant_table(data: dict) -> Table:
+    t = _table(
+        "per tenant",
+        ["tenant", "policy", "goodput\nreq/s", "p", "attainment", "p", "TTFT\np99 s", "TPOT\np99 ms"],
+    )
+    pols = data["policies"]
+    tenants = list(next(iter(pols.values()))["tenants"])
+    for ti, tenant in enumerate(tenants):
+        for pi, (name, e) in enumerate(pols.items()):
+            te = e["tenants"][tenant]
+            pv = te["p_value_vs_first"]
+            t.add_row(
+                tenant if pi == 0 else "",
+                name,
+                _pm(te["goodput_rps"], 3),
+                _p(pv["goodput_rps"], pi == 0),
+                _pm(te["attainment"], 3),
+                _p(pv["attainment"], pi == 0),
+                f"{te['ttft_p99_s']['mean']:.2f}",
+                f"{1000 * te['tpot_p99_s']['mean']:.1f}",
+                end_section=pi == len(pols) - 1 and ti < len(tenants) - 1,
+            )
+    return t
+
+
+def verdict_table(data: dict) -> Table:
+    """Each policy's verdict against the first policy and why (evaluate/verdict.py)."""
+    base = next(iter(data["policies"]))
+    t = _table(
+        f"verdict vs {base}: wins = goodput higher at p < 0.05 and no tenant's attainment lower by > 0.01 at\n"
+        "p < 0.05; loses = goodput lower at p < 0.05 or a tenant's attainment lower so; otherwise ties",
+        ["policy", "verdict", "why"],
+        wrap=("why",),
+    )
+    for name, v in verdicts(data).items():
+        if v is not None:
+            t.add_row(name, v.outcome, "; ".join(v.reasons))
+    return t
+
+
+def header_lines(data: dict) -> list[str]:
+    """What the tables' figures are, above them."""
+    base = next(iter(data["policies"]))
+    return [
+        f"{data['scenario']}{_horizon(data)}, {data['seeds']} seeds: mean ±95% CI; p = paired Wilcoxon (two-sided, "
+        f"by seed) vs {base}",
+        "attainment = good / arrived; worst tenant = lowest attainment; Jain over attainments; drops = queue timeouts",
+    ]
+
+
+def print_table(data: dict, console: Console | None = None) -> None:
+    console = console or Console(width=WIDTH)
+    for line in header_lines(data):
+        console.print(line, highlight=False, markup=False)
+    console.print(overall_table(data))
+    console.print(tenant_table(data))
+    if len(data["policies"]) > 1:
+        console.print(verdict_table(data))
+        note = too_few_seeds(data["seeds"])
+        if note:
+            console.print(note, highlight=False, markup=False)
 
 
 def pareto_plot(data: dict, path: str | Path) -> None:
-    """Throughput vs p99 per policy, 95% CI error bars, marker area proportional to mean drops."""
+    """Goodput vs the worst tenant's attainment, one point per policy with 95% CI whiskers on both; up and to
+    the right is better. The first policy (the baseline) is drawn as a square, the policies no other one beats
+    on both means are joined by a dashed line (the frontier of the means; the whiskers say how sure it is).
+    The attainment whiskers are clipped to [0, 1], where a Student t interval of few seeds can overshoot."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pols = data["policies"]
+    pts = {n: (e["worst_attainment"]["mean"], e["goodput_rps"]["mean"]) for n, e in pols.items()}
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), dpi=120)
+    for i, (name, e) in enumerate(pols.items()):
+        x, y = pts[name]
+        wa, gp = [min(max(v, 0.0), 1.0) for v in e["worst_attainment"]["ci95"]], e["goodput_rps"]["ci95"]
+        ax.errorbar(
+            x,
+            y,
+            xerr=[[x - wa[0]], [wa[1] - x]],
+            yerr=[[y - gp[0]], [gp[1] - y]],
+            fmt="none",
+            ecolor="gray",
+            alpha=0.6,
+            capsize=3,
+        )
+        ax.scatter([x], [y], marker="s" if i == 0 else "o", s=50 if i == 0 else 30, alpha=0.8, label=name)
+        ax.annotate(name, (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    front = sorted(
+        (p for n, p in pts.items() if not any(q[0] >= p[0] and q[1] >= p[1] and q != p for q in pts.values())),
+    )
+    if len(front) > 1:
+        ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="gray", alpha=0.5, linewidth=1)
+    ax.set_xlabel("worst tenant's attainment (good / arrived)  — higher is better")
+    ax.set_ylabel("goodput (good req/s)  — higher is better")
+    ax.set_title(f"{data['scenario']}: {data['seeds']} seeds, mean and 95% CI; square: {next(iter(pols))}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def latency_pareto_plot(data: dict, path: str | Path) -> None:
+    """The seed study's plot: throughput vs e2e p99 per policy, 95% CI error bars, marker area proportional to
+    mean drops (seed-paper's reproduction, docs/reproduction.md)."""
     import matplotlib
 
     matplotlib.use("Agg")

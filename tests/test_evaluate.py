@@ -289,3 +289,34 @@ def test_verdict_wins_ties_and_loses_by_the_rule():
     data = {"policies": {"static": base, "x": _judged(5.4, 0.002, {"chat": (0.86, 0.001), "batch": (0.93, 0.01)})}}
     got = verdicts(data)
     assert got["static"] is None and got["x"] == loss
+
+
+def test_table_leads_with_goodput_has_a_per_tenant_block_and_fits_120_columns(short_eval):
+    from admit.evaluate.report import print_table
+    from rich.console import Console
+
+    console = Console(record=True, width=120)
+    print_table(short_eval, console)
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 120
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("policy"))
+    upper, lower = lines[head - 1], lines[head]  # the column headers take two lines
+    words = ("goodput", "attainment", "worst", "Jain", "TTFT", "TPOT", "drops", "rejects", "limit")
+    columns = [max(upper.find(w), lower.find(w)) for w in words]
+    assert min(columns) > 0 and columns == sorted(columns)  # goodput first, then in the order
+    # the per-tenant block names every tenant, each on the row of the first policy
+    for tenant in ("chat", "batch", "agent"):
+        assert any(line.split()[:2] == [tenant, "static"] for line in lines if line.strip()), tenant
+    # and the verdicts against the first policy, with their reasons
+    assert "verdict vs static" in text
+    assert re.search(r"^ robust\s+(wins|ties|loses)\s+goodput [+-]\d", text, re.M)
+
+
+def test_pareto_plot_of_goodput_vs_worst_tenant_attainment_is_written(short_eval, tmp_path):
+    from admit.evaluate.report import latency_pareto_plot, pareto_plot
+
+    pareto_plot(short_eval, tmp_path / "sub" / "g.png")
+    latency_pareto_plot(short_eval, tmp_path / "l.png")
+    assert (tmp_path / "sub" / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
