@@ -95,11 +95,17 @@ def test_cli_bad_input_is_a_clear_error():
 
 
 # ---------------------------------------------------------------------------------- admit results
-def test_results_cover_the_four_scenarios_and_say_why_a_policy_is_missing(monkeypatch):
+def test_results_cover_seed_paper_and_every_token_scenario_and_say_why_a_policy_is_missing(monkeypatch):
+    from admit.envs.scenario import bundled_scenarios
     from admit.evaluate import results
 
     monkeypatch.delenv("ADMIT_LLM_URL", raising=False)
-    assert results.SCENARIOS == ("seed-paper", "h200-mixed", "h200-azure-2023", "servegen-skewed")
+    # issue 12: seed-paper (the study's reproduction) and every bundled token-engine scenario
+    default = results.default_scenarios()
+    assert default[0] == "seed-paper"
+    assert {"h200-mixed", "h200-azure-2023", "servegen-skewed"} <= set(default)
+    token = {s for s in bundled_scenarios() if load_scenario(s).engine.kind == "token"}
+    assert set(default[1:]) == token
     # a shipped policy joins the scenario with its name, and only that one
     assert "ppo:seed-paper" in results.policies_for("seed-paper")
     assert not any(p.startswith("ppo:") for p in results.policies_for("no-such-scenario"))
@@ -117,9 +123,10 @@ def test_results_cover_the_four_scenarios_and_say_why_a_policy_is_missing(monkey
     want = f"scripts/llm_server.sh run admit results --seeds 20 {four} --workers 2"
     monkeypatch.delenv("ADMIT_LLM_TIMEOUT_S", raising=False)
     monkeypatch.setenv("ADMIT_LLM_EVERY", "100")
-    assert results.command(20, list(results.SCENARIOS), 2, results.DEFAULT_OUT) == want
+    named = ["seed-paper", "h200-mixed", "h200-azure-2023", "servegen-skewed"]
+    assert results.command(20, named, 2, results.DEFAULT_OUT) == want
     monkeypatch.setenv("ADMIT_LLM_EVERY", "50")
-    assert results.command(20, list(results.SCENARIOS), 2, results.DEFAULT_OUT) == f"ADMIT_LLM_EVERY=50 {want}"
+    assert results.command(20, named, 2, results.DEFAULT_OUT) == f"ADMIT_LLM_EVERY=50 {want}"
 
 
 def test_results_report_with_the_llm_policy_on_seed_paper(monkeypatch, tmp_path):
@@ -128,6 +135,7 @@ def test_results_report_with_the_llm_policy_on_seed_paper(monkeypatch, tmp_path)
     from llm_scripted_server import ScriptedServer, reply
 
     monkeypatch.setattr(results, "HAND_POLICIES", ("static", "naive"))  # keep the test fast
+    monkeypatch.setattr(results, "baseline", lambda scenario: ("static", None))  # and no tuning of static:best
     monkeypatch.delenv("ADMIT_LLM_LOG", raising=False)
     monkeypatch.delenv("ADMIT_LLM_EVERY", raising=False)
     monkeypatch.delenv("ADMIT_LLM_TIMEOUT_S", raising=False)
@@ -164,7 +172,8 @@ def _entry(tput: float, p99: float, drops: float, p_t: float = 1.0, p_p99: float
 
 
 def test_weak_reading_sits_beside_the_strict_verdict_and_is_weaker():
-    from admit.evaluate.results import non_inferior, verdict
+    from admit.evaluate.results import non_inferior
+    from admit.evaluate.results import pareto_verdict as verdict
 
     static = _entry(6.158, 38.4, 4.5)
     # Lower p99 at p < 0.05, a throughput a hair lower and fewer drops, neither significant: the strict
@@ -320,3 +329,91 @@ def test_pareto_plot_of_goodput_vs_worst_tenant_attainment_is_written(short_eval
     latency_pareto_plot(short_eval, tmp_path / "l.png")
     assert (tmp_path / "sub" / "g.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert (tmp_path / "l.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_results_put_static_best_first_where_the_registry_makes_it(monkeypatch):
+    from admit.controllers.registry import make_controller
+    from admit.controllers.static import StaticController
+    from admit.evaluate import offline, results
+
+    monkeypatch.delenv("ADMIT_LLM_URL", raising=False)
+    monkeypatch.setattr(results, "HAND_POLICIES", ("static", "naive", "robust"))
+    # today (no static:best in the registry): plain static is the baseline and the note says why
+    try:
+        make_controller("static:best")
+        has_best = True
+    except ValueError:
+        has_best = False
+    if not has_best:
+        assert results.policies_for("h200-mixed") == ["static", "naive", "robust", "ppo:h200-mixed"]
+        (note,) = [n for n in results.skipped("h200-mixed") if "static:best" in n]
+        assert "the baseline is plain `static`" in note.lower()
+
+    # once the registry makes it: static:best, then plain static, then the rest
+    def fake(name: str):
+        return StaticController(32) if name == "static:best" else make_controller(name)
+
+    monkeypatch.setattr(offline, "make_controller", fake)
+    assert results.policies_for("h200-mixed") == ["static:best", "static", "naive", "robust", "ppo:h200-mixed"]
+    assert results.baseline("h200-mixed") == ("static:best", None)
+    assert not any("static:best" in n for n in results.skipped("h200-mixed"))
+
+    # a static:best that cannot run on a scenario (say, no caps tuned for it) falls back, saying why
+    class Untuned(StaticController):
+        def reset(self, spec, seed=None):
+            raise LookupError("no tuned caps for this scenario")
+
+    monkeypatch.setattr(offline, "make_controller", lambda name: Untuned() if name == "static:best" else None)
+    base, why = results.baseline("h200-mixed")
+    assert base == "static" and "no tuned caps" in why
+
+
+def test_results_report_on_any_scenario_load_scenario_accepts(monkeypatch, tmp_path):
+    """An extra scenario by path (a family instance FAMILY@SEED goes the same way): JSON, plot and section."""
+    from importlib import resources
+
+    import yaml
+    from admit.envs.scenario import ScenarioError
+    from admit.evaluate import results
+
+    monkeypatch.delenv("ADMIT_LLM_URL", raising=False)
+    monkeypatch.setattr(results, "HAND_POLICIES", ("static", "static:16", "robust"))
+    monkeypatch.setattr(results, "baseline", lambda scenario: ("static", None))  # no tuning of static:best here
+
+    raw = yaml.safe_load(resources.files("admit.envs").joinpath("scenarios", "h200-mixed.yaml").read_text())
+    path = tmp_path / "mixed-short.yaml"
+    path.write_text(yaml.safe_dump({**raw, "name": "mixed-short", "horizon_s": 60}))
+    out = tmp_path / "docs" / "RESULTS.md"
+    with pytest.raises(ScenarioError):  # a bad name fails before any work
+        results.build(2, [str(path), "no-such-scenario"], 1, out)
+    assert not out.exists()
+    text = results.build(2, [str(path)], 1, out)
+    res = out.parent / "results"
+    data = json.loads((res / "mixed-short.json").read_text())
+    assert list(data["policies"]) == ["static", "static:16", "robust"]
+    assert (res / "mixed-short.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (res / "mixed-short-p99.png").exists()  # the seed study's plot is seed-paper's alone
+    assert f"## {path}" in text
+    assert "| policy | goodput req/s | p | attainment |" in text  # goodput leads the table
+    assert "| policy | chat | batch | agent |" in text  # per-tenant columns
+    assert "Pareto vs static" not in text  # the p99 verdict is the seed-paper reproduction's only
+    assert "no tenant's attainment is lower by more than one point" in text  # the rule, in the header
+    assert re.search(r"\| (\*\*(wins|ties|loses)\*\*) \| goodput [+-]", text)
+
+
+def test_cli_evaluate_on_a_shorter_horizon_and_results_refuse_an_unknown_scenario(tmp_path):
+    out = tmp_path / "r.json"
+    cmd = [sys.executable, "-m", "admit.cli", "evaluate", "--scenario", "h200-mixed", "--policy", "static"]
+    cmd += ["--policy", "static:16", "--seeds", "2", "--horizon-s", "60", "--out", str(out)]
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr
+    data = json.loads(out.read_text())
+    assert data["horizon_s"] == 60 and list(data["policies"]["static:16"]["tenants"]) == ["chat", "batch", "agent"]
+    assert "h200-mixed (60 s episodes), 2 seeds" in res.stdout
+    assert max(len(line) for line in res.stdout.splitlines()) <= 120
+    assert "every verdict here is a tie" in res.stdout.replace("\n", " ")
+    bad = [sys.executable, "-m", "admit.cli", "results", "--seeds", "2", "--extra-scenario", "no-such-scenario"]
+    bad += ["--out", str(tmp_path / "RESULTS.md")]
+    res = subprocess.run(bad, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "unknown scenario 'no-such-scenario'" in res.stderr
+    assert not (tmp_path / "RESULTS.md").exists()
