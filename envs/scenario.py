@@ -168,17 +168,28 @@ def parse_scenario(data: object, origin: str = "<dict>") -> Scenario:
 
 
 def load_scenario(name_or_path: str | Path, **overrides: object) -> Scenario:
-    """Load a bundled scenario by name or a YAML file by path; ``overrides`` replace top-level keys."""
+    """Load a bundled scenario by name, a YAML file by path, or an instance of a scenario family by
+    ``FAMILY@SEED`` (envs/family.py; FAMILY a bundled family or a family file's path); ``overrides`` replace
+    top-level keys."""
     text: str
     origin = str(name_or_path)
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         text = path.read_text()
+    elif "@" in origin:
+        from admit.envs.family import instance_data  # families load only when an instance is asked for
+
+        data = instance_data(origin)
+        return parse_scenario({**data, **overrides} if overrides else data, origin)
     else:
         names = bundled_scenarios()
         if origin not in names:
+            from admit.envs.family import bundled_families
+
+            families = ", ".join(f"{f}@SEED" for f in bundled_families())
             raise ScenarioError(
-                f"unknown scenario {origin!r}; bundled scenarios: {', '.join(names)} (or a path to a .yaml file)"
+                f"unknown scenario {origin!r}; bundled scenarios: {', '.join(names)}; family instances: "
+                f"{families or 'none'} (`admit scenarios` lists their seeds); or a path to a .yaml file"
             )
         text = resources.files("admit.envs").joinpath("scenarios", f"{origin}.yaml").read_text()
     try:
