@@ -2,9 +2,9 @@
 
 Importing ``admit`` does two small things at import time, both without importing anything heavy:
 
-* **The env's registration.** ``admit/TenantAdmission-v0`` is registered with Gymnasium as soon as
+* **The env's registration.** ``admit/TenantAdmission-v1`` is registered with Gymnasium as soon as
   Gymnasium is imported — at once if it already is, else by a one-shot hook that runs right after
-  ``import gymnasium`` — so ``import admit, gymnasium; gymnasium.make("admit/TenantAdmission-v0")`` works
+  ``import gymnasium`` — so ``import admit, gymnasium; gymnasium.make("admit/TenantAdmission-v1")`` works
   while a process that never uses Gymnasium (the gateway, the emulator, the load generator) never pays
   for importing it.
 * **Moved modules.** Modules that moved to another folder (``MOVED``) still import under their old
@@ -25,7 +25,7 @@ from typing import Any
 
 __version__ = "0.1.0"
 
-ENV_ID = "admit/TenantAdmission-v0"
+ENV_ID = "admit/TenantAdmission-v1"
 
 # old module -> new module (issue 11: live/, engine/, evaluate/, gateway/redis/ got folders of their own)
 MOVED = {

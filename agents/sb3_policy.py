@@ -6,9 +6,12 @@ next to it, or the short name of a policy shipped in admit/agents/pretrained (``
 ``agents/pretrained/ppo-seed-paper``).
 
 At every decision the Observation is turned into the env's exact observation vector
-(``Observation.to_vector``), normalised with the training run's VecNormalize statistics (frozen: the
-statistics are never updated here), and the policy acts deterministically. Its action is decoded with
-admit.agents.action_codec — the same code the training wrappers use — into integer deltas in ±max_step.
+(``Observation.to_vector``) in the layout the policy was trained on, found from its input size and the
+scenario's tenant count at ``reset``: layout 1 (``3 + 17·n``, the first shipped policies) or the current
+one (core/observation.py); any other size is an error naming both. The vector is normalised with the
+training run's VecNormalize statistics (frozen: the statistics are never updated here), and the policy
+acts deterministically. Its action is decoded with admit.agents.action_codec — the same code the training
+wrappers use — into integer deltas in ±max_step.
 Loaded models are cached per process, so ``admit evaluate`` loads a run once, not once per seed.
 """
 
@@ -24,7 +27,7 @@ import numpy as np
 import torch
 import yaml
 from admit.agents.action_codec import kind_of, to_deltas
-from admit.core.observation import Observation
+from admit.core.observation import LAYOUT_VERSION, LAYOUTS, Observation, layout_of
 from admit.core.spec import ControlSpec
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -128,13 +131,21 @@ class SB3Policy:
         self.trained_k = _trained_max_step(model_path.parent)
         self.n = 0
         self.k = 0
+        self.layout = LAYOUT_VERSION
 
     def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
         n, k = spec.n_tenants, spec.limits.max_step
-        if Observation.vector_size(n) != self.obs_size:
+        layout = layout_of(self.obs_size, n)
+        if layout is None:
+            fits = [((self.obs_size - len(g)) // len(t), v) for v, (g, t) in LAYOUTS.items()
+                    if self.obs_size > len(g) and (self.obs_size - len(g)) % len(t) == 0]
+            trained = " or ".join(f"{m} tenants" for m, _ in fits) or "no tenant count of a known layout"
             raise ValueError(
-                f"policy {self.name} was trained on {(self.obs_size - 3) // 17} tenants; this scenario has {n}"
+                f"policy {self.name} was trained on {trained}; this scenario has {n} (its input: {self.obs_size} "
+                f"features, observation layout {' or '.join(str(v) for _, v in fits) or '?'}; layout "
+                f"{LAYOUT_VERSION} for {n} tenants is {Observation.vector_size(n)})"
             )
+        self.layout = layout
         if self.trained_k is not None and self.trained_k != k:
             raise ValueError(f"policy {self.name} was trained with max_step {self.trained_k}; this scenario has {k}")
         space: Any = self.model.action_space  # MultiDiscrete, Discrete or Box, as kind_of read it
@@ -149,7 +160,7 @@ class SB3Policy:
         self.n, self.k = n, k
 
     def act(self, obs: Observation) -> list[int]:
-        vec = self.norm.normalize_obs(obs.to_vector()[None, :])
+        vec = self.norm.normalize_obs(obs.to_vector(self.layout)[None, :])
         action, _ = self.model.predict(np.asarray(vec, dtype=np.float32), deterministic=True)
         return to_deltas(action[0], self.kind, self.n, self.k)
 

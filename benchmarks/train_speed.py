@@ -1,4 +1,4 @@
-"""Benchmark: PPO training throughput on TenantAdmission-v0 — vec-env runners, env counts, minibatch sizes.
+"""Benchmark: PPO training throughput on TenantAdmission-v1 — vec-env runners, env counts, minibatch sizes.
 
 Every configuration trains PPO as ``admit train`` does (64×64 tanh MLP, 5 epochs, VecNormalize, the
 TensorBoard episode-metrics callback, ``torch.set_num_threads(1)``, no evaluation or checkpoints) with a

@@ -2,7 +2,8 @@
 
 Both worlds feed the same windows with the same events (arrival, completion, drop, rejection) stamped
 with their own clock, and build the Observation the same way; only the engine gauges (memory, running,
-waiting) come from different places (the simulated engine, or vLLM's /metrics and NVML).
+waiting, preemptions) and the token footprints (`TenantTokens`) come from different places: the simulated
+engine and admission core, or the gateway's own requests and vLLM's /metrics.
 """
 
 from __future__ import annotations
@@ -10,39 +11,60 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Sequence
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from admit.core.observation import NO_SLO, Observation, TenantObservation
 from admit.core.percentiles import p50_p95_p99
 from admit.core.spec import ControlSpec
 
 
+class TenantTokens(NamedTuple):
+    """Per tenant, the token footprints an Observation carries (core/observation.py's definitions)."""
+
+    queued: list[float]  # prompt tokens of its requests in the admission queue
+    prefill: list[float]  # prompt tokens of its admitted requests with no first token yet
+    in_flight: list[float]  # prompt + generated so far of its admitted, unfinished requests
+
+    @classmethod
+    def zeros(cls, n: int) -> TenantTokens:
+        return cls([0.0] * n, [0.0] * n, [0.0] * n)
+
+
+def _objective(v: float) -> float:
+    return NO_SLO if v == math.inf else float(v)
+
+
 class TenantWindows:
     """Sliding windows of one tenant's events over ``window_s`` seconds.
 
-    Completions are kept as one deque of ``(t, e2e, ttft, wait)`` so that a decision prunes once and sorts
-    three short lists (and only when the window changed since the last decision); arrivals, drops and
-    rejections are deques of timestamps. ``slo`` = (e2e p99, TTFT p99) objectives, ``inf`` for none.
+    Completions are kept as one deque of ``(t, e2e, ttft, wait, tpot, output tokens, good)`` so that a
+    decision prunes once and sorts four short lists (and only when the window changed since the last
+    decision); arrivals, drops and rejections are deques of timestamps. ``slo`` = (e2e p99, TTFT p99)
+    window objectives and ``request_slo`` = (TTFT, TPOT, e2e) per-request ones, ``inf`` for none; the caller
+    judges a completion good (core.slo.is_good) and says so.
     """
 
-    __slots__ = ("_arrivals", "_cache", "_done", "_drops", "_rejections", "_slo", "horizon_s")
+    __slots__ = ("_arrivals", "_cache", "_done", "_drops", "_rejections", "_request_slo", "_slo", "horizon_s")
 
-    def __init__(self, window_s: float, slo: tuple[float, float] = (math.inf, math.inf)) -> None:
+    def __init__(self, window_s: float, slo: tuple[float, float] = (math.inf, math.inf),
+                 request_slo: tuple[float, float, float] = (math.inf, math.inf, math.inf)) -> None:
         if not window_s > 0:
             raise ValueError(f"window must be > 0 s, got {window_s}")
         self.horizon_s = window_s
-        self._done: deque[tuple[float, float, float, float]] = deque()
+        self._done: deque[tuple[float, float, float, float, float, int, bool]] = deque()
         self._cache: tuple[float, ...] | None = None  # percentiles of _done, None when _done changed
         self._arrivals: deque[float] = deque()
         self._drops: deque[float] = deque()
         self._rejections: deque[float] = deque()
-        self._slo = tuple(NO_SLO if v == math.inf else float(v) for v in slo)
+        self._slo = tuple(_objective(v) for v in slo)
+        self._request_slo = tuple(_objective(v) for v in request_slo)
 
     def on_arrival(self, t: float) -> None:
         self._arrivals.append(t)
 
-    def on_completion(self, t: float, e2e_s: float, ttft_s: float, wait_s: float) -> None:
-        self._done.append((t, e2e_s, ttft_s, wait_s))
+    def on_completion(self, t: float, e2e_s: float, ttft_s: float, wait_s: float, tpot_s: float = 0.0,
+                      output_tokens: int = 0, good: bool = False) -> None:
+        self._done.append((t, e2e_s, ttft_s, wait_s, tpot_s, output_tokens, good))
         self._cache = None
 
     def on_drop(self, t: float) -> None:
@@ -52,7 +74,8 @@ class TenantWindows:
         self._rejections.append(t)
 
     def summary(self, now: float) -> tuple[float, ...]:
-        """Window features in TenantObservation order, from ``arrivals`` to ``slo_ttft_p99``."""
+        """Window features in TenantObservation order, from ``arrivals`` to ``slo_e2e`` (the token footprints
+        that follow come from the caller)."""
         cutoff = now - self.horizon_s
         done = self._done
         if done and done[0][0] <= cutoff:
@@ -73,21 +96,28 @@ class TenantWindows:
         pct = self._cache
         if pct is None:  # windows change less often than decisions are made: compute only then
             n = len(done)
+            w_s = self.horizon_s
             if n > 1:
-                _, e2e, ttft, wait = zip(*done, strict=True)
+                _, e2e, ttft, wait, tpot, out, good = zip(*done, strict=True)
                 # percentiles.LINEAR (numpy's default), in the simulator's windows and the gateway's alike
+                tp = p50_p95_p99(sorted(tpot))
                 pct = (
                     *p50_p95_p99(sorted(e2e)),
                     *p50_p95_p99(sorted(ttft)),
                     float(n),
                     p50_p95_p99(sorted(wait))[2],
                     *self._slo,
+                    sum(out) / w_s,
+                    tp[0],
+                    tp[2],
+                    sum(good) / w_s,
+                    *self._request_slo,
                 )
             elif n == 1:
-                _, e, f, w = done[0]
-                pct = (e, e, e, f, f, f, 1.0, w, *self._slo)
+                _, e, f, w, p, o, g = done[0]
+                pct = (e, e, e, f, f, f, 1.0, w, *self._slo, o / w_s, p, p, float(g) / w_s, *self._request_slo)
             else:
-                pct = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, *self._slo)
+                pct = (0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, 0.0, *self._slo, 0.0, 0.0, 0.0, 0.0, *self._request_slo)
             self._cache = pct
         return (float(len(a)), float(len(done)), float(len(d)), float(len(r)), *pct)
 
@@ -110,9 +140,13 @@ def build_observation(
     gpu_mem_util: float,
     engine_running: float,
     engine_waiting: float,
+    tokens: TenantTokens | None = None,
+    preemptions: float = 0.0,
 ) -> Observation:
+    tok = tokens if tokens is not None else TenantTokens.zeros(len(windows))
     tenants = [
-        TenantObservation(float(core.queue_depth(i)), float(core.in_flight(i)), float(core.limit(i)), *w.summary(now))
+        TenantObservation(*(float(core.queue_depth(i)), float(core.in_flight(i)), float(core.limit(i)),
+                            *w.summary(now), tok.queued[i], tok.prefill[i], tok.in_flight[i]))
         for i, w in enumerate(windows)
     ]
     return Observation(
@@ -122,6 +156,8 @@ def build_observation(
         engine_running=float(engine_running),
         engine_waiting=float(engine_waiting),
         tenants=tenants,
+        prefill_tokens_waiting=float(sum(tok.prefill)),
+        preemptions=float(preemptions),
     )
 
 
@@ -132,12 +168,37 @@ def observation_values(
     gpu_mem_util: float,
     engine_running: float,
     engine_waiting: float,
+    tokens: TenantTokens | None = None,
+    preemptions: float = 0.0,
 ) -> list[float]:
     """What ``build_observation`` puts into an Observation, as one flat list in vector order
     (``Observation.from_vector(values, now, window_s)`` is that Observation) — for callers that need the
     vector at every step and the Observation object rarely (the training env)."""
-    values = [float(gpu_mem_util), float(engine_running), float(engine_waiting)]
+    tok = tokens if tokens is not None else TenantTokens.zeros(len(windows))
+    values = [float(gpu_mem_util), float(engine_running), float(engine_waiting), float(sum(tok.prefill)),
+              float(preemptions)]
     for i, w in enumerate(windows):
         values += (float(core.queue_depth(i)), float(core.in_flight(i)), float(core.limit(i)))
         values += w.summary(now)
+        values += (tok.queued[i], tok.prefill[i], tok.in_flight[i])
     return values
+
+
+class PreemptionWindow:
+    """Preemptions in the last ``window_s`` seconds from a cumulative counter read at each observation
+    (the simulated engine's, or vLLM's ``num_preemptions_total`` at each scrape)."""
+
+    __slots__ = ("_samples", "window_s")
+
+    def __init__(self, window_s: float) -> None:
+        self.window_s = window_s
+        self._samples: deque[tuple[float, float]] = deque()
+
+    def count(self, now: float, total: float) -> float:
+        """Preemptions between the oldest sample within the window and ``total`` at ``now``."""
+        s = self._samples
+        s.append((now, total))
+        cutoff = now - self.window_s
+        while len(s) > 1 and s[1][0] <= cutoff:
+            s.popleft()
+        return max(0.0, total - s[0][1])

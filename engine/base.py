@@ -44,3 +44,10 @@ class Engine(Protocol):
 
     @property
     def num_waiting(self) -> int: ...
+
+    num_preemptions: int  # cumulative, as vLLM's num_preemptions_total
+
+    def tenant_tokens(self, n_tenants: int) -> tuple[list[float], list[float]]:
+        """Per tenant, over its requests in the engine (running or waiting): the prompt tokens of those with no
+        first token yet, and the prompt + generated-so-far tokens of all (core/observation.py's
+        ``prefill_tokens`` and ``tokens_in_flight``). Call ``sync(now)`` first."""

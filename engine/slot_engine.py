@@ -35,6 +35,7 @@ class SlotEngine:
         self.distribution = distribution
         self._busy: list[tuple[float, int, Request]] = []  # heap of (finish time, rid, request)
         self._waiting: deque[Request] = deque()
+        self.num_preemptions = 0  # a slot is never taken back
 
     def service_time(self, req: Request) -> float:
         if self.distribution == "deterministic":
@@ -78,3 +79,15 @@ class SlotEngine:
     @property
     def num_waiting(self) -> int:
         return len(self._waiting)
+
+    def tenant_tokens(self, n_tenants: int) -> tuple[list[float], list[float]]:
+        """No tokens are produced along the way here: a request in service holds its prompt, one that waits
+        for a slot has no first token yet (the first token comes when service starts)."""
+        prefill = [0.0] * n_tenants
+        held = [0.0] * n_tenants
+        for r in self._waiting:
+            prefill[r.tenant] += r.prompt_tokens
+            held[r.tenant] += r.prompt_tokens
+        for _, _, r in self._busy:
+            held[r.tenant] += r.prompt_tokens
+        return prefill, held

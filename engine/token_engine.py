@@ -229,6 +229,26 @@ class TokenEngine:
     def waiting(self) -> list[Request]:
         return list(self._waiting)
 
+    def tenant_tokens(self, n_tenants: int) -> tuple[list[float], list[float]]:
+        """Per tenant: prompt tokens of its requests with no first token yet, and prompt + generated so far of
+        all its requests here (running, or waiting: a preempted one keeps what it generated)."""
+        prefill = [0.0] * n_tenants
+        held = [0.0] * n_tenants
+        g = self._G
+        for s in self._running.values():
+            r = s.req
+            if s.lock:  # in lockstep the request holds c + G tokens (prompt + generated)
+                held[r.tenant] += s.c + g
+            else:
+                held[r.tenant] += r.prompt_tokens + r.generated
+            if r.first_token != r.first_token:  # NaN: no first token yet
+                prefill[r.tenant] += r.prompt_tokens
+        for r in self._waiting:
+            held[r.tenant] += r.prompt_tokens + r.generated
+            if r.first_token != r.first_token:
+                prefill[r.tenant] += r.prompt_tokens
+        return prefill, held
+
     def running(self) -> list[Request]:
         """Running requests in admission order (``generated``/``computed`` brought up to date)."""
         for s in self._running.values():

@@ -1,4 +1,4 @@
-"""TenantAdmission-v0: per-tenant admission concurrency in front of a simulated multi-tenant LLM server.
+"""TenantAdmission-v1: per-tenant admission concurrency in front of a simulated multi-tenant LLM server.
 
 ``TenantAdmissionEnv``'s class docstring is the env's documentation, in Gymnasium's sections (``help(env)``
 shows it; its examples run as doctests under pytest). ``FEATURES`` gives every observation feature its unit
@@ -14,6 +14,8 @@ import numpy as np
 from admit.core.observation import (
     FEATURE_MAX,
     GLOBAL_FEATURES,
+    LAYOUT_VERSION,
+    LAYOUTS,
     NO_SLO,
     TENANT_FEATURES,
     Observation,
@@ -38,6 +40,8 @@ FEATURES: dict[str, tuple[str, str, str]] = {
     "gpu_mem_util": ("fraction of slots / KV cache in use", "0", "1"),
     "engine_running": ("requests running in the engine", "0", _MAX),
     "engine_waiting": ("requests waiting inside the engine", "0", _MAX),
+    "prefill_tokens_waiting": ("tokens: Σ over tenants of prefill_tokens", "0", _MAX),
+    "preemptions": ("engine preemptions in the window", "0", _MAX),
     "queue_depth": ("requests in tenant i's admission queue", "0", _MAX),
     "in_flight": ("tenant i's requests admitted, not finished", "0", _MAX),
     "limit": ("requests: tenant i's concurrency limit", "limits.min", "limits.max"),
@@ -55,6 +59,16 @@ FEATURES: dict[str, tuple[str, str, str]] = {
     "queue_wait_p99": ("s waited in the admission queue", "0", _MAX),
     "slo_e2e_p99": (f"s, the e2e p99 objective ({_num(NO_SLO)} = none)", "> 0", _MAX),
     "slo_ttft_p99": (f"s, the TTFT p99 objective ({_num(NO_SLO)} = none)", "> 0", _MAX),
+    "output_tokens_per_s": ("tokens/s of the window's completions", "0", _MAX),
+    "tpot_p50": ("s per output token after the first", "0", _MAX),
+    "tpot_p99": ("s per output token after the first", "0", _MAX),
+    "goodput": ("good completions/s in the window", "0", _MAX),
+    "slo_ttft": (f"s, per-request TTFT objective ({_num(NO_SLO)} = none)", "> 0", _MAX),
+    "slo_tpot": (f"s, per-request TPOT objective ({_num(NO_SLO)} = none)", "> 0", _MAX),
+    "slo_e2e": (f"s, per-request e2e objective ({_num(NO_SLO)} = none)", "> 0", _MAX),
+    "prompt_tokens_queued": ("tokens: prompts in tenant i's queue", "0", _MAX),
+    "prefill_tokens": ("tokens: prompts with no first token yet", "0", _MAX),
+    "tokens_in_flight": ("tokens held: prompt + generated, unfinished", "0", _MAX),
 }
 
 
@@ -106,33 +120,47 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Observation Space
 
-    The observation is a float32 `ndarray` with shape ``(3 + 17·n,)``: three global features, then 17 for
-    each tenant i in the scenario's order (the layout of ``admit.core.observation``, the vector the live
+    The observation is a float32 `ndarray` with shape ``(5 + 27·n,)``: five global features, then 27 for
+    each tenant i in the scenario's order (layout 2 of ``admit.core.observation``, the vector the live
     gateway serves too). Counts are over the scenario's telemetry window (``window_s``); percentiles over
-    the completions in it.
+    the completions in it; token features are the tenant's footprint now (core/observation.py defines
+    them). ``layout=1`` (what ``-v0`` ids use) gives the first layout, ``(3 + 17·n,)``: the rows 0–2 and
+    the first 17 per-tenant rows below.
 
-    | Num           | Feature          | Unit                                       | Min        | Max        |
-    |---------------|------------------|--------------------------------------------|------------|------------|
-    | 0             | `gpu_mem_util`   | fraction of slots / KV cache in use        | 0          | 1          |
-    | 1             | `engine_running` | requests running in the engine             | 0          | 1e6        |
-    | 2             | `engine_waiting` | requests waiting inside the engine         | 0          | 1e6        |
-    | 3 + 17·i + 0  | `queue_depth`    | requests in tenant i's admission queue     | 0          | 1e6        |
-    | 3 + 17·i + 1  | `in_flight`      | tenant i's requests admitted, not finished | 0          | 1e6        |
-    | 3 + 17·i + 2  | `limit`          | requests: tenant i's concurrency limit     | limits.min | limits.max |
-    | 3 + 17·i + 3  | `arrivals`       | requests arrived in the window             | 0          | 1e6        |
-    | 3 + 17·i + 4  | `completions`    | requests completed in the window           | 0          | 1e6        |
-    | 3 + 17·i + 5  | `drops`          | queue-timeout drops in the window          | 0          | 1e6        |
-    | 3 + 17·i + 6  | `rejections`     | queue-full rejections in the window        | 0          | 1e6        |
-    | 3 + 17·i + 7  | `e2e_p50`        | s, arrival → last token                    | 0          | 1e6        |
-    | 3 + 17·i + 8  | `e2e_p95`        | s, arrival → last token                    | 0          | 1e6        |
-    | 3 + 17·i + 9  | `e2e_p99`        | s, arrival → last token                    | 0          | 1e6        |
-    | 3 + 17·i + 10 | `ttft_p50`       | s, arrival → first token                   | 0          | 1e6        |
-    | 3 + 17·i + 11 | `ttft_p95`       | s, arrival → first token                   | 0          | 1e6        |
-    | 3 + 17·i + 12 | `ttft_p99`       | s, arrival → first token                   | 0          | 1e6        |
-    | 3 + 17·i + 13 | `samples`        | completions behind the percentiles         | 0          | 1e6        |
-    | 3 + 17·i + 14 | `queue_wait_p99` | s waited in the admission queue            | 0          | 1e6        |
-    | 3 + 17·i + 15 | `slo_e2e_p99`    | s, the e2e p99 objective (1e4 = none)      | > 0        | 1e6        |
-    | 3 + 17·i + 16 | `slo_ttft_p99`   | s, the TTFT p99 objective (1e4 = none)     | > 0        | 1e6        |
+    | Num           | Feature                  | Unit                                        | Min        | Max        |
+    |---------------|--------------------------|---------------------------------------------|------------|------------|
+    | 0             | `gpu_mem_util`           | fraction of slots / KV cache in use         | 0          | 1          |
+    | 1             | `engine_running`         | requests running in the engine              | 0          | 1e6        |
+    | 2             | `engine_waiting`         | requests waiting inside the engine          | 0          | 1e6        |
+    | 3             | `prefill_tokens_waiting` | tokens: Σ over tenants of prefill_tokens    | 0          | 1e6        |
+    | 4             | `preemptions`            | engine preemptions in the window            | 0          | 1e6        |
+    | 5 + 27·i + 0  | `queue_depth`            | requests in tenant i's admission queue      | 0          | 1e6        |
+    | 5 + 27·i + 1  | `in_flight`              | tenant i's requests admitted, not finished  | 0          | 1e6        |
+    | 5 + 27·i + 2  | `limit`                  | requests: tenant i's concurrency limit      | limits.min | limits.max |
+    | 5 + 27·i + 3  | `arrivals`               | requests arrived in the window              | 0          | 1e6        |
+    | 5 + 27·i + 4  | `completions`            | requests completed in the window            | 0          | 1e6        |
+    | 5 + 27·i + 5  | `drops`                  | queue-timeout drops in the window           | 0          | 1e6        |
+    | 5 + 27·i + 6  | `rejections`             | queue-full rejections in the window         | 0          | 1e6        |
+    | 5 + 27·i + 7  | `e2e_p50`                | s, arrival → last token                     | 0          | 1e6        |
+    | 5 + 27·i + 8  | `e2e_p95`                | s, arrival → last token                     | 0          | 1e6        |
+    | 5 + 27·i + 9  | `e2e_p99`                | s, arrival → last token                     | 0          | 1e6        |
+    | 5 + 27·i + 10 | `ttft_p50`               | s, arrival → first token                    | 0          | 1e6        |
+    | 5 + 27·i + 11 | `ttft_p95`               | s, arrival → first token                    | 0          | 1e6        |
+    | 5 + 27·i + 12 | `ttft_p99`               | s, arrival → first token                    | 0          | 1e6        |
+    | 5 + 27·i + 13 | `samples`                | completions behind the percentiles          | 0          | 1e6        |
+    | 5 + 27·i + 14 | `queue_wait_p99`         | s waited in the admission queue             | 0          | 1e6        |
+    | 5 + 27·i + 15 | `slo_e2e_p99`            | s, the e2e p99 objective (1e4 = none)       | > 0        | 1e6        |
+    | 5 + 27·i + 16 | `slo_ttft_p99`           | s, the TTFT p99 objective (1e4 = none)      | > 0        | 1e6        |
+    | 5 + 27·i + 17 | `output_tokens_per_s`    | tokens/s of the window's completions        | 0          | 1e6        |
+    | 5 + 27·i + 18 | `tpot_p50`               | s per output token after the first          | 0          | 1e6        |
+    | 5 + 27·i + 19 | `tpot_p99`               | s per output token after the first          | 0          | 1e6        |
+    | 5 + 27·i + 20 | `goodput`                | good completions/s in the window            | 0          | 1e6        |
+    | 5 + 27·i + 21 | `slo_ttft`               | s, per-request TTFT objective (1e4 = none)  | > 0        | 1e6        |
+    | 5 + 27·i + 22 | `slo_tpot`               | s, per-request TPOT objective (1e4 = none)  | > 0        | 1e6        |
+    | 5 + 27·i + 23 | `slo_e2e`                | s, per-request e2e objective (1e4 = none)   | > 0        | 1e6        |
+    | 5 + 27·i + 24 | `prompt_tokens_queued`   | tokens: prompts in tenant i's queue         | 0          | 1e6        |
+    | 5 + 27·i + 25 | `prefill_tokens`         | tokens: prompts with no first token yet     | 0          | 1e6        |
+    | 5 + 27·i + 26 | `tokens_in_flight`       | tokens held: prompt + generated, unfinished | 0          | 1e6        |
 
     **Note:** the space is ``Box(0, 1e6)`` for every entry (``FEATURE_MAX``; every value is clipped to
     it); Min and Max above are the ranges the values take. Percentiles of an empty window are 0 with
@@ -169,9 +197,9 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
     ``info["episode_metrics"]`` holds the episode's metrics (throughput, p99, drops, SLO attainment,
     Jain's fairness). Call ``reset()`` then.
 
-    ``admit/TenantAdmission-v0`` takes any scenario, so it has no ``TimeLimit`` (one step count would cut
+    ``admit/TenantAdmission-v1`` takes any scenario, so it has no ``TimeLimit`` (one step count would cut
     a longer scenario short): the env truncates at its own horizon. Each bundled scenario also has an id
-    of its own, ``admit/TenantAdmission-<scenario>-v0`` (e.g. ``admit/TenantAdmission-seed-paper-v0``),
+    of its own, ``admit/TenantAdmission-<scenario>-v1`` (e.g. ``admit/TenantAdmission-seed-paper-v1``),
     registered with the scenario bound and ``max_episode_steps`` = its step count, so that tools reading
     ``env.spec.max_episode_steps`` see it; its ``TimeLimit`` truncates at exactly the step the env does.
 
@@ -180,12 +208,12 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
     ```python
     >>> import admit, gymnasium
     >>> import numpy as np
-    >>> env = gymnasium.make("admit/TenantAdmission-v0", scenario="seed-paper")
+    >>> env = gymnasium.make("admit/TenantAdmission-v1", scenario="seed-paper")
     >>> env
-    <OrderEnforcing<PassiveEnvChecker<TenantAdmissionEnv<admit/TenantAdmission-v0>>>>
+    <OrderEnforcing<PassiveEnvChecker<TenantAdmissionEnv<admit/TenantAdmission-v1>>>>
     >>> obs, info = env.reset(seed=0)
     >>> obs.shape, obs.dtype, env.action_space
-    ((37,), dtype('float32'), MultiDiscrete([3 3]))
+    ((59,), dtype('float32'), MultiDiscrete([3 3]))
     >>> info
     {'episode_seed': 0, 'limits': [4, 4], 'time_s': 0.0}
     >>> obs, reward, terminated, truncated, info = env.step(np.array([1, 0]))  # hold, lower
@@ -193,9 +221,9 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
     ([4, 3], 3.0, False, False)
     >>> env.unwrapped.max_episode_steps, env.spec.max_episode_steps is None
     (600, True)
-    >>> bound = gymnasium.make("admit/TenantAdmission-seed-paper-v0")
+    >>> bound = gymnasium.make("admit/TenantAdmission-seed-paper-v1")
     >>> bound.spec.max_episode_steps, bound.spec.kwargs
-    (600, {'scenario': 'seed-paper'})
+    (600, {'scenario': 'seed-paper', 'layout': 2})
 
     ```
 
@@ -213,11 +241,11 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
     event-driven simulation, not array arithmetic that batches across envs. Gymnasium's vectorizers work,
 
     ```python
-    >>> envs = gymnasium.make_vec("admit/TenantAdmission-seed-paper-v0", num_envs=2, vectorization_mode="sync")
+    >>> envs = gymnasium.make_vec("admit/TenantAdmission-seed-paper-v1", num_envs=2, vectorization_mode="sync")
     >>> envs
-    SyncVectorEnv(admit/TenantAdmission-seed-paper-v0, num_envs=2)
+    SyncVectorEnv(admit/TenantAdmission-seed-paper-v1, num_envs=2)
     >>> envs.reset(seed=0)[0].shape
-    (2, 37)
+    (2, 59)
     >>> envs.close()
 
     ```
@@ -228,23 +256,34 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Version History
 
-    * v0: Initial version. Later additions changed none of its behaviour (spaces, rewards and
-      trajectories are bit-identical): the ``max_episode_steps`` property and one id per bundled
-      scenario, ``admit/TenantAdmission-<scenario>-v0``, with ``max_episode_steps`` in its registration.
+    * v1: the observation gains the token footprints, TPOT, goodput and the per-request objectives
+      (layout 2: ``5 + 27·n``); actions, rewards and the simulated world are v0's. ``admit/TenantAdmission-v1``
+      and ``admit/TenantAdmission-<scenario>-v1``.
+    * v0: Initial version (layout 1, ``3 + 17·n``), still registered as ``admit/TenantAdmission-v0`` and
+      ``admit/TenantAdmission-<scenario>-v0`` (``layout=1``) for what was trained on it. Later additions
+      changed none of its behaviour (spaces, rewards and trajectories are bit-identical): the
+      ``max_episode_steps`` property and one id per bundled scenario, with ``max_episode_steps`` in its
+      registration.
     """
 
     metadata = {"render_modes": []}  # noqa: RUF012 (gymnasium convention)
 
-    def __init__(self, scenario: str | Scenario = "seed-paper", render_mode: str | None = None) -> None:
+    def __init__(self, scenario: str | Scenario = "seed-paper", render_mode: str | None = None,
+                 layout: int = LAYOUT_VERSION) -> None:
         if render_mode is not None:
             raise ValueError(f"render_mode {render_mode!r} is not supported; allowed: None")
+        if layout not in LAYOUTS:
+            raise ValueError(f"observation layout {layout!r} is unknown; allowed: {', '.join(map(str, LAYOUTS))}")
+        self.layout = layout
         self.scenario = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
         self.spec_ = self.scenario.control_spec()
         self.n = len(self.scenario.tenants)
         self.k = self.scenario.limits.max_step
         self.action_space = gym.spaces.MultiDiscrete(np.full(self.n, 2 * self.k + 1, dtype=np.int64))
-        size = Observation.vector_size(self.n)
+        size = Observation.vector_size(self.n, layout)
         self.observation_space = gym.spaces.Box(0.0, FEATURE_MAX, shape=(size,), dtype=np.float32)
+        # an older layout is a selection of the current vector's entries (core/observation.py LAYOUTS)
+        self._select = None if layout == LAYOUT_VERSION else Observation.layout_index(self.n, layout)
         self.sim: Simulation | None = None
         # the last observation as flat values; the Observation object is built only when asked for
         self._values: list[float] | None = None
@@ -264,6 +303,10 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
             self._observation = Observation.from_vector(self._values, self._values_time, self.scenario.window_s)
         return self._observation
 
+    def _vector(self, values: list[float]) -> np.ndarray:
+        vec = vector_from_values(values)
+        return vec if self._select is None else vec[self._select]
+
     def _observe(self) -> list[float]:
         assert self.sim is not None
         values = self.sim.observe_values()
@@ -276,7 +319,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         episode_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         self.sim = Simulation(self.scenario, episode_seed)
         info = {"episode_seed": episode_seed, "limits": self.sim.limits, "time_s": 0.0}
-        return vector_from_values(self._observe()), info
+        return self._vector(self._observe()), info
 
     def _deltas(self, action: Any) -> list[int]:
         k = self.k
@@ -333,4 +376,4 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         }
         if truncated:
             info["episode_metrics"] = sim.summary()
-        return vector_from_values(values), reward, False, truncated, info
+        return self._vector(values), reward, False, truncated, info

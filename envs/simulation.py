@@ -27,7 +27,13 @@ from admit.core.admission import AdmissionCore, Offer, QueueConfig
 from admit.core.controller import Controller, validate_deltas
 from admit.core.observation import Observation
 from admit.core.percentiles import linear_np
-from admit.core.telemetry import TenantWindows, build_observation, observation_values
+from admit.core.telemetry import (
+    PreemptionWindow,
+    TenantTokens,
+    TenantWindows,
+    build_observation,
+    observation_values,
+)
 from admit.engine.base import Engine
 from admit.engine.request import Request
 from admit.engine.slot_engine import SlotEngine
@@ -157,8 +163,11 @@ class Simulation:
             clock=self._clock,
         )
         self.windows = [
-            TenantWindows(scenario.window_s, (t.slo_e2e_p99_s, t.slo_ttft_p99_s)) for t in self.spec.tenants
+            TenantWindows(scenario.window_s, (t.slo_e2e_p99_s, t.slo_ttft_p99_s), t.request_bounds)
+            for t in self.spec.tenants
         ]
+        self._queued_tokens = [0.0] * n  # prompt tokens of each tenant's requests in the admission queue
+        self._preemptions = PreemptionWindow(scenario.window_s)
         self.totals = [TenantTotals() for _ in range(n)]
         self.interval_totals = [TenantTotals() for _ in range(n)]
         slo = [(t.slo_e2e_p99_s, t.slo_ttft_p99_s) for t in self.spec.tenants]
@@ -199,11 +208,16 @@ class Simulation:
             for payload, _waited in self.core.set_limit(i, lim.clamp(int(v))):
                 self._dispatch(payload)
 
+    def _tokens(self) -> TenantTokens:
+        prefill, held = self.engine.tenant_tokens(len(self.windows))
+        return TenantTokens(list(self._queued_tokens), prefill, held)
+
     def observe(self) -> Observation:
         eng = self.engine
         eng.sync(self.now)
         return build_observation(
-            self.now, self.spec, self.windows, self.core, eng.memory_utilisation(), eng.num_running, eng.num_waiting
+            self.now, self.spec, self.windows, self.core, eng.memory_utilisation(), eng.num_running, eng.num_waiting,
+            self._tokens(), self._preemptions.count(self.now, eng.num_preemptions),
         )
 
     def observe_values(self) -> list[float]:
@@ -211,7 +225,8 @@ class Simulation:
         eng = self.engine
         eng.sync(self.now)
         return observation_values(
-            self.now, self.windows, self.core, eng.memory_utilisation(), eng.num_running, eng.num_waiting
+            self.now, self.windows, self.core, eng.memory_utilisation(), eng.num_running, eng.num_waiting,
+            self._tokens(), self._preemptions.count(self.now, eng.num_preemptions),
         )
 
     def take_interval_totals(self) -> list[TenantTotals]:
@@ -266,6 +281,8 @@ class Simulation:
 
     # ------------------------------------------------------------------ the event loop
     def _dispatch(self, req: Request) -> None:
+        """A request leaves the admission queue for the engine."""
+        self._queued_tokens[req.tenant] -= req.prompt_tokens
         req.dispatched = self.now
         self.engine.submit(req, self.now)
 
@@ -315,12 +332,15 @@ class Simulation:
         if res is Offer.ADMITTED:
             r.dispatched = t
             self.engine.submit(r, t)
+        elif res is Offer.QUEUED:
+            self._queued_tokens[k] += r.prompt_tokens
         elif res is Offer.REJECTED:
             self.totals[k].rejected += 1
             self.interval_totals[k].rejected += 1
             self.windows[k].on_rejection(t)
 
     def _drop(self, k: int, r: Request, t: float) -> None:
+        self._queued_tokens[k] -= r.prompt_tokens
         self.totals[k].dropped += 1
         self.interval_totals[k].dropped += 1
         self.windows[k].on_drop(t)
@@ -341,14 +361,15 @@ class Simulation:
         it.completed += 1
         it.output_tokens += out
         b = self._bounds[k]
-        if ttft <= b[0] and per_token <= b[1] and e2e <= b[2]:  # core.slo.is_good
+        good = ttft <= b[0] and per_token <= b[1] and e2e <= b[2]  # core.slo.is_good
+        if good:
             tot.good += 1
             it.good += 1
         slo_e2e, slo_ttft = self._slo[k]
         if e2e > slo_e2e or ttft > slo_ttft:
             tot.slo_violations += 1
             it.slo_violations += 1
-        self.windows[k].on_completion(t, e2e, ttft, r.dispatched - r.arrival)
+        self.windows[k].on_completion(t, e2e, ttft, r.dispatched - r.arrival, per_token, out, good)
         nxt = self.core.release(k)
         if nxt is not None:
             self._dispatch(nxt[0])

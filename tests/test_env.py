@@ -10,7 +10,7 @@ from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
 import admit  # noqa: F401  (registers the env)
 
-ENV_ID = "admit/TenantAdmission-v0"
+ENV_ID = "admit/TenantAdmission-v1"
 
 
 def test_gymnasium_and_sb3_checkers_pass_without_warnings():
@@ -24,7 +24,7 @@ def test_gymnasium_and_sb3_checkers_pass_without_warnings():
 def test_spaces_follow_the_scenario():
     env = gymnasium.make(ENV_ID, scenario="seed-paper")
     assert env.action_space == gymnasium.spaces.MultiDiscrete([3, 3])
-    assert env.observation_space.shape == (3 + 2 * 17,)
+    assert env.observation_space.shape == (5 + 2 * 27,)  # layout 2 (core/observation.py)
 
 
 def _trajectory(seed, actions):
@@ -107,10 +107,10 @@ def test_vectorised_envs(vec_cls):
     try:
         venv.seed(11)
         obs = venv.reset()
-        assert obs.shape == (2, 37)
+        assert obs.shape == (2, 59)
         for _ in range(5):
             obs, rew, done, info = venv.step(np.array([[1, 1], [2, 0]]))
-        assert obs.shape == (2, 37) and rew.shape == (2,)
+        assert obs.shape == (2, 59) and rew.shape == (2,)
         assert info[1]["limits"] == [4, 1]
     finally:
         venv.close()

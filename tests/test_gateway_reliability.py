@@ -199,21 +199,21 @@ def test_busy_connections_past_the_cap_get_503(tmp_path: Path) -> None:
     busy: list[socket.socket] = []
     try:
         body = json.dumps({"model": "mock", "prompt": "x", "max_tokens": 1, "stream": True}).encode()
-        for _ in range(4):
-            s = connect(g)
-            s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key('a')}\r\n"
-                      f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
-            busy.append(s)
-        # counted at the backend, so that no call of ours takes one of the four connections meanwhile
-        wait_for(lambda: slow.counter.now == 4, 30, "four requests at the backend")
-        with connect(g) as s:
-            s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-            got = read_response(s)
-        assert_json_error(*got, 503, "too-many-connections")
-    finally:
-        for s in busy:
-            s.close()
-    try:
+        try:
+            for _ in range(4):
+                s = connect(g)
+                s.sendall(f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key('a')}\r\n"
+                          f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n".encode() + body)
+                busy.append(s)
+            # counted at the backend, so that no call of ours takes one of the four connections meanwhile
+            wait_for(lambda: slow.counter.now == 4, 30, "four requests at the backend")
+            with connect(g) as s:
+                s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
+                got = read_response(s)
+            assert_json_error(*got, 503, "too-many-connections")
+        finally:
+            for s in busy:
+                s.close()
         wait_for(lambda: slow.counter.now == 0, 30, "the held requests to be cancelled")
         serves(g)
         assert g.state()["requests_in_progress"] == 0

@@ -80,5 +80,5 @@ def test_the_gateway_process_does_not_import_gymnasium() -> None:
 
 @pytest.mark.parametrize("order", ["import admit, gymnasium", "import gymnasium, admit"])
 def test_the_env_is_registered_whichever_is_imported_first(order: str) -> None:
-    out = _fresh(f"{order}\nprint(gymnasium.make('admit/TenantAdmission-v0').unwrapped.scenario.name)")
+    out = _fresh(f"{order}\nprint(gymnasium.make('admit/TenantAdmission-v1').unwrapped.scenario.name)")
     assert out.strip() == "seed-paper"  # the default scenario

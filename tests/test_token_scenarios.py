@@ -33,8 +33,8 @@ def test_bundled():
 def test_env_checkers_pass_on_token_scenarios(name):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        check_env(gymnasium.make("admit/TenantAdmission-v0", scenario=short(name)).unwrapped)
-        sb3_check_env(gymnasium.make("admit/TenantAdmission-v0", scenario=short(name)).unwrapped, warn=True)
+        check_env(gymnasium.make("admit/TenantAdmission-v1", scenario=short(name)).unwrapped)
+        sb3_check_env(gymnasium.make("admit/TenantAdmission-v1", scenario=short(name)).unwrapped, warn=True)
 
 
 @pytest.mark.parametrize("name", TOKEN_SCENARIOS)

@@ -1,4 +1,4 @@
-"""Train an SB3 policy on TenantAdmission-v0 and write everything ``admit evaluate`` needs to run it.
+"""Train an SB3 policy on TenantAdmission-v1 and write everything ``admit evaluate`` needs to run it.
 
 ``train(cfg, out)`` writes into ``out``::
 
