@@ -7,7 +7,7 @@ import typer
 from admit.emulator.cli import emulate
 from admit.engine.cli import fidelity
 from admit.envs.cli import scenarios
-from admit.evaluate.cli import evaluate, results
+from admit.evaluate.cli import evaluate, results, tune_static
 from admit.gateway.cli import gateway
 from admit.live.cli import control, demo, sim2live
 from admit.loadgen.cli import app as loadgen_app
@@ -20,7 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(loadgen_app, name="loadgen")
-for verb in (scenarios, evaluate, results, train, fidelity, emulate, gateway, control, demo, sim2live):
+for verb in (scenarios, evaluate, results, tune_static, train, fidelity, emulate, gateway, control, demo, sim2live):
     app.command()(verb)
 
 

@@ -1,13 +1,17 @@
-"""Policies by name, as the command line spells them: ``static``, ``static:6``, ``naive``, ...
+"""Policies by name, as the command line spells them: ``static``, ``static:6``, ``static:best``, ``naive``, ...
 
 ``make_controller("NAME[:ARG]")`` builds a fresh controller. Learned and prompted policies from agents/
-(``ppo:PATH`` and friends) plug in through ``register_prefix`` so this module does not import them.
+(``ppo:PATH`` and friends) plug in through ``register_prefix`` so this module does not import them, and so
+does ``static:best`` (evaluate/tune.py: static caps tuned for goodput on seeds disjoint from the evaluation's).
+A policy that needs more of its world than the ``ControlSpec`` it gets at ``reset`` (static:best needs the
+scenario's workload to find its caps) exposes ``bind_scenario(scenario)``; ``make_controller(text,
+scenario=S)`` calls it.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from admit.controllers.aimd import AIMDController
 from admit.controllers.differentiated import DifferentiatedController
@@ -19,14 +23,23 @@ from admit.controllers.saturation import SaturationGateController
 from admit.controllers.static import StaticController
 from admit.core.controller import Controller
 
+if TYPE_CHECKING:
+    from admit.envs.scenario import Scenario
+
 
 def _static(arg: str | None) -> Controller:
     if arg is None:
         return StaticController()
+    if arg == "best":
+        from admit.evaluate.tune import BestStatic  # imported on use: it reaches the simulator to tune
+
+        return BestStatic()
     try:
         caps = [int(x) for x in arg.split(",")]
     except ValueError:
-        raise ValueError(f"static:ARG takes an integer cap or comma-separated caps per tenant, got {arg!r}") from None
+        raise ValueError(
+            f"static:ARG takes an integer cap, comma-separated caps per tenant or 'best', got {arg!r}"
+        ) from None
     c = StaticController(caps[0] if len(caps) == 1 else caps)
     c.name = f"static:{arg}"
     return c
@@ -84,12 +97,17 @@ def available() -> list[str]:
     return sorted(_FACTORIES)
 
 
-def make_controller(text: str) -> Controller:
+def make_controller(text: str, scenario: Scenario | None = None) -> Controller:
+    """A fresh controller named by ``text``; given ``scenario``, one that can use it is bound to it."""
     name, _, arg = text.partition(":")
     factory = _FACTORIES.get(name)
     if factory is None:
         raise ValueError(f"unknown policy {text!r}; available: {', '.join(available())} (some take ':ARG')")
-    return factory(arg or None)
+    ctrl = factory(arg or None)
+    bind = getattr(ctrl, "bind_scenario", None)
+    if scenario is not None and bind is not None:
+        bind(scenario)
+    return ctrl
 
 
 def _llm(arg: str | None) -> Controller:

@@ -1,0 +1,854 @@
+"""The strongest static baseline: per-tenant caps tuned for goodput, and ``static:best``, which deploys them.
+
+An operator who sets Kueue-style per-tenant quotas tunes them on last week's traffic and deploys them
+unchanged. ``tune_static`` does that search on a scenario: **coordinate descent** on the per-tenant caps
+over a log grid per tenant ({min, 1, 2, 4, ..., max} ∪ {initial}, clipped to the scenario's bounds). A
+sweep tries values of one tenant's cap while the others stay put, tenant after tenant: in the first round
+every value of the grid, in later rounds (the others have moved, not far) the ``window`` values on either
+side of the current one. It stops once n sweeps in a row (n tenants) moved nothing. Then (``refine``) the
+same on the grid with its ×1.5 midpoints (3, 6, 12, 24, ...), trying only the current value's neighbours.
+The objective is the mean goodput (requests/s that met every per-request objective,
+``Simulation.summary()["goodput_rps"]``) over the tuning seeds, every candidate on the same seeds (common
+random numbers), each episode run by `admit.evaluate.offline.rollout` as ``static:c1,c2,...``: exactly
+what ``admit evaluate`` runs. Among a sweep's candidates with the best goodput (exactly equal unless
+``rel_tol`` allows more; caps that never bind give identical episodes) the smallest cap wins, so the caps
+are as cheap as the goodput allows; with ``rel_tol = 0`` every move strictly improves (goodput, −cap), so
+the descent cannot cycle.
+
+Speed: every episode is cached per (caps, seed), so a sweep that revisits points costs nothing; an episode
+whose caps exceed those of one already run in a single tenant whose limit never held a request back is the
+same episode (every limit is at least as high at every decision, so nothing is held back either), and is
+filled in without running (``inferred`` in the record: on servegen-skewed most small clients never reach
+caps of 8 or more); candidates run in a process pool of ``workers``; and a sweep **races** its candidates
+seed by seed: after each seed, a candidate whose goodput so far is more than ``race_margin`` (2%) below the
+leader's is dropped (recorded as pruned, never chosen; ``race_margin = 0`` runs every candidate on every
+seed). Under common random numbers the seeds rank caps alike: on h200-mixed the paired per-seed differences
+between neighbouring caps are about 1%, and the raced search ends at the caps of the unraced one (every
+value of the grid in every round, every candidate on every seed) with 101 episodes instead of 185.
+
+**static:best** (``make_controller("static:best")``; `BestStatic`) holds each tenant's limit at the caps
+tuned for the scenario being evaluated, found by the scenario's fingerprint (`fingerprint`: a hash of its
+parsed content, without the name, the description and the reward weights, which change nothing in an
+episode) in a tuning store: the JSON files ``admit tune-static`` writes. It looks in the shipped store
+(evaluate/static_best/*.json, tuned on `TUNING_SEEDS`) and then in the cache (`cache_dir`:
+``$ADMIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/admit``, else ``~/.cache/admit``; its static_best/
+folder). Where neither holds caps for this fingerprint — a scenario of one's own, a family instance, or a
+bundled scenario that changed since its caps were shipped (stale) — it says so on stderr, tunes on
+`TUNING_SEEDS` there and then and caches the result. The tuning seeds are 900000..900004: ``admit
+evaluate``'s seeds 0..N-1, the training env's validation seeds (500000 + j) and its episode seeds
+(1000000 + ...) never reach them, and `BestStatic.reset` refuses an evaluation seed its caps were tuned on.
+
+A controller learns its scenario only through the ``ControlSpec`` at ``reset``, which has the tenants and
+the bounds but not the workload. ``make_controller("static:best", scenario=S)`` binds it to ``S``; unbound
+(as ``admit evaluate`` makes it today), it finds the one scenario with this control spec among the bundled
+scenarios and the stores' own scenarios, and says so when there is none or more than one. Unbound, a
+bundled scenario with an override the spec does not show (the horizon, say) gets the bundled scenario's caps.
+
+**The ramp.** A static controller moves a limit by at most ``max_step`` per decision, so caps other than
+the scenario's ``initial`` are reached after ⌈|cap − initial| / max_step⌉ decisions (h200-mixed:
+64 → 8 in 14 decisions, 28 s of 1800 s). The search tunes what is deployed in evaluation, ramp included;
+each tuning also measures the same caps started *at* the caps (``Simulation.set_limits`` at t = 0, as an
+operator's quota is set before traffic) on the same seeds and records the difference (``ramp`` in the JSON).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+import re
+import sys
+import time
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import Executor, ProcessPoolExecutor
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from admit.controllers.static import StaticController
+from admit.core.spec import ControlSpec, Limits
+from admit.envs.scenario import Scenario, bundled_scenarios, load_scenario
+
+Caps = tuple[int, ...]
+Objective = Callable[[Sequence[Caps]], list[float]]
+"""The search's objective: the scores of a batch of cap vectors, higher is better; ``-inf`` for a candidate
+that was dropped (never chosen)."""
+
+TUNING_SEEDS: tuple[int, ...] = tuple(range(900_000, 900_005))
+STORE_FORMAT = 1
+_FINGERPRINT_EXCLUDES = {"name", "description", "reward"}  # change nothing in an episode
+# what the record keeps of each episode (offline.rollout returns more)
+KEPT_METRICS = (
+    "goodput_rps",
+    "attainment",
+    "worst_attainment",
+    "jain_attainment",
+    "throughput_rps",
+    "dropped",
+    "mean_limit",
+    "ttft_p99_s",
+    "tpot_p99_s",
+)
+
+
+# ---------------------------------------------------------------------------------------------- identities
+def fingerprint(scenario: Scenario) -> str:
+    """sha256 of the scenario's parsed content as set (``exclude_unset``: a field the schema gains later, with
+    a default, does not make every stored tuning stale), without its name, description and reward weights."""
+    data = scenario.model_dump(mode="json", exclude_unset=True, exclude=_FINGERPRINT_EXCLUDES)
+    text = json.dumps({"fingerprint": 1, "scenario": data}, sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def spec_fingerprint(spec: ControlSpec) -> str:
+    """sha256 of the control spec: how an unbound static:best, which sees only the spec, finds a stored tuning."""
+    text = json.dumps(asdict(spec), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``A..B`` (inclusive), ``A`` or ``A,B,C`` → the seeds; raises ValueError saying what is allowed."""
+
+    def number(x: str) -> int:
+        try:
+            v = int(x)
+        except ValueError:
+            raise ValueError(f"seeds {text!r}: give A..B (inclusive), A, or A,B,C, with integers >= 0") from None
+        if v < 0:
+            raise ValueError(f"seeds {text!r}: seeds must be >= 0")
+        return v
+
+    if ".." in text:
+        lo, _, hi = text.partition("..")
+        a, b = number(lo), number(hi)
+        if b < a:
+            raise ValueError(f"seeds {text!r}: the range A..B needs A <= B")
+        return list(range(a, b + 1))
+    seeds = [number(x) for x in text.split(",")]
+    if len(set(seeds)) != len(seeds):
+        raise ValueError(f"seeds {text!r}: every seed at most once")
+    return seeds
+
+
+def format_seeds(seeds: Sequence[int]) -> str:
+    """The spelling ``parse_seeds`` reads: ``A..B`` for a run of consecutive seeds, else ``A,B,C``."""
+    s = list(seeds)
+    if len(s) > 1 and s == list(range(s[0], s[0] + len(s))):
+        return f"{s[0]}..{s[-1]}"
+    return ",".join(str(x) for x in s)
+
+
+def static_policy(caps: Sequence[int]) -> str:
+    """The plain static policy that holds ``caps``: what static:best runs, by another name."""
+    return "static:" + ",".join(str(int(c)) for c in caps)
+
+
+# ---------------------------------------------------------------------------------------------- grids
+def log_grid(limits: Limits) -> list[int]:
+    """{min, 1, 2, 4, ..., max} ∪ {initial} within [min, max], sorted."""
+    vals = {limits.min, limits.max, limits.initial}
+    p = 1
+    while p < limits.max:
+        if p >= limits.min:
+            vals.add(p)
+        p *= 2
+    return sorted(vals)
+
+
+def fine_grid(grid: Sequence[int]) -> list[int]:
+    """``grid`` with a midpoint in every gap: ×1.5 between a power-of-two step (4 → 6 → 8), the geometric mean
+    elsewhere, rounded; a gap of 1 has none."""
+    g = sorted(set(grid))
+    out = set(g)
+    for a, b in itertools.pairwise(g):
+        mid = round(1.5 * a) if b == 2 * a else round(math.sqrt(a * b)) if a > 0 else (b + 1) // 2
+        if a < mid < b:
+            out.add(mid)
+    return sorted(out)
+
+
+Candidates = Callable[[int, int, int], Sequence[int]]
+"""``candidates(tenant, current value, round)``: the values a sweep of that tenant tries (rounds count from 1)."""
+
+
+def log_sweep(grids: Sequence[Sequence[int]], window: int | None = 2) -> Candidates:
+    """Round 1 tries every value of the tenant's grid; later rounds (the others have moved, not far) only the
+    ``window`` grid values on either side of the current one (None: the whole grid every round)."""
+
+    def cands(i: int, v: int, rnd: int) -> list[int]:
+        return _window(grids[i], v, None if rnd == 1 else window)
+
+    return cands
+
+
+def adjacent(grids: Sequence[Sequence[int]]) -> Candidates:
+    """The current value and its neighbours on the tenant's grid, every round: a local search."""
+    return lambda i, v, rnd: _window(grids[i], v, 1)
+
+
+def _window(grid: Sequence[int], v: int, width: int | None) -> list[int]:
+    g = sorted(set(grid) | {v})
+    if width is None:
+        return g
+    k = g.index(v)
+    return g[max(0, k - width) : k + width + 1]
+
+
+# ---------------------------------------------------------------------------------------------- the search core
+@dataclass
+class Sweep:
+    """One coordinate sweep: tenant ``tenant``'s candidates with the others at ``start``'s values."""
+
+    stage: str
+    round: int
+    tenant: int
+    start: Caps
+    end: Caps
+    scores: dict[int, float]  # candidate value of the tenant's cap → score (-inf: dropped)
+
+    @property
+    def moved(self) -> bool:
+        return self.start != self.end
+
+
+@dataclass
+class Descent:
+    best: Caps
+    score: float
+    sweeps: list[Sweep]
+    rounds: int
+    converged: bool  # a whole round of tenants in a row made no move (else max_rounds stopped it)
+    stage: str = "grid"
+
+
+def coordinate_descent(
+    objective: Objective,
+    start: Sequence[int],
+    candidates: Candidates,
+    *,
+    max_rounds: int = 10,
+    rel_tol: float = 0.0,
+    stage: str = "grid",
+    on_sweep: Callable[[Sweep], None] | None = None,
+) -> Descent:
+    """Maximize ``objective`` one coordinate at a time from ``start``.
+
+    A sweep of tenant i scores ``candidates(i, current[i], round)`` (the others fixed) and moves to the smallest value
+    whose score is within ``rel_tol`` (relative) of the sweep's best. The descent stops once n sweeps in a row
+    (n = number of tenants) made no move — every coordinate is then optimal given the others — or after
+    ``max_rounds`` rounds. The core knows nothing of the simulator: ``objective`` is any batch scorer.
+    """
+    n = len(start)
+    if n == 0:
+        raise ValueError("coordinate descent needs at least one coordinate")
+    if max_rounds < 1:
+        raise ValueError(f"max_rounds must be >= 1, got {max_rounds}")
+    if rel_tol < 0:
+        raise ValueError(f"rel_tol must be >= 0, got {rel_tol}")
+    current: Caps = tuple(int(v) for v in start)
+    (score,) = objective([current])
+    if not math.isfinite(score):
+        raise ValueError(f"the objective of the start point {list(current)} is {score}, not a number")
+    sweeps: list[Sweep] = []
+    idle = 0
+    rounds = 0
+    while idle < n and rounds < max_rounds:
+        rounds += 1
+        for i in range(n):
+            values = sorted({int(v) for v in candidates(i, current[i], rounds)} | {current[i]})
+            points = [(*current[:i], v, *current[i + 1 :]) for v in values]
+            scores = objective(points)
+            if len(scores) != len(points):
+                raise ValueError(f"the objective returned {len(scores)} scores for {len(points)} points")
+            top = max(scores)
+            floor = top - rel_tol * abs(top)
+            choice = min((p for p, s in zip(points, scores, strict=True) if s >= floor), key=lambda p: p[i])
+            sweep = Sweep(stage, rounds, i, current, choice, dict(zip(values, scores, strict=True)))
+            sweeps.append(sweep)
+            if on_sweep is not None:
+                on_sweep(sweep)
+            if choice != current:
+                current, score, idle = choice, sweep.scores[choice[i]], 0
+            else:
+                idle += 1
+                if idle >= n:
+                    break
+    return Descent(current, score, sweeps, rounds, idle >= n, stage)
+
+
+# ---------------------------------------------------------------------------------------------- the simulator
+def _episode(args: tuple[Scenario, Caps, int]) -> dict[str, Any]:
+    """One episode of ``static:CAPS``, run as `admit.evaluate.offline.rollout` runs it (make the controller,
+    reset it, ``Simulation.run``; tests/test_tune.py checks the two agree), reduced to what the record keeps,
+    plus ``bound``: per tenant, whether its limit ever held a request back (a request that waited for
+    admission, was rejected or dropped, or was still queued at the end)."""
+    from admit.controllers.registry import make_controller
+    from admit.envs.simulation import Simulation
+
+    scenario, caps, seed = args
+    policy = static_policy(caps)
+    ctrl = make_controller(policy)
+    ctrl.reset(scenario.control_spec(), seed)
+    sim = Simulation(scenario, seed)
+    stats = sim.run(ctrl, name=policy)
+    summary = sim.summary()
+    out: dict[str, Any] = {k: float(summary[k]) for k in KEPT_METRICS if k in summary}
+    out["mean_limit"] = stats.mean_limit
+    out["tenants"] = {
+        name: {k: float(v[k]) for k in ("goodput_rps", "attainment")} for name, v in sim.tenant_summary().items()
+    }
+    bound = [False] * len(caps)
+    for r in sim.requests:
+        if r.arrival <= sim.now and r.dispatched != r.arrival:  # NaN (never admitted) is unequal too
+            bound[r.tenant] = True
+    out["bound"] = bound
+    return out
+
+
+def mean_limit(scenario: Scenario, caps: Sequence[int]) -> float:
+    """The ``mean_limit`` of an episode of ``static:CAPS``: the limits walk from ``initial`` to the caps by at
+    most ``max_step`` a decision, whatever the traffic, so it follows from the scenario alone."""
+    from admit.envs.simulation import decision_count
+
+    lim = scenario.control_spec().limits
+    targets = [lim.clamp(int(c)) for c in caps]
+    limits = [lim.initial] * len(caps)
+    total = 0.0
+    n = decision_count(scenario)
+    for _ in range(n):
+        limits = lim.apply(
+            limits, [max(-lim.max_step, min(lim.max_step, t - c)) for t, c in zip(targets, limits, strict=True)]
+        )
+        total += sum(limits)
+    return total / max(n, 1) / len(caps)
+
+
+def _episode_at_caps(args: tuple[Scenario, Caps, int]) -> float:
+    """Goodput of ``caps`` set at t = 0 (no ramp from ``initial``): what the ramp costs, for the record."""
+    from admit.envs.simulation import Simulation
+
+    scenario, caps, seed = args
+    ctrl = StaticController(list(caps))
+    ctrl.reset(scenario.control_spec(), seed)
+    sim = Simulation(scenario, seed)
+    sim.set_limits(caps)
+    sim.run(ctrl, name=static_policy(caps))
+    return float(sim.summary()["goodput_rps"])
+
+
+class SimObjective:
+    """Mean goodput of static caps over the tuning seeds, cached per (caps, seed), raced, run in a pool."""
+
+    def __init__(
+        self,
+        scenario: Scenario,
+        seeds: Sequence[int],
+        pool: Executor | None,
+        workers: int,
+        race_margin: float = 0.02,
+        progress: Callable[[int], None] | None = None,
+    ) -> None:
+        if not seeds:
+            raise ValueError("give at least one tuning seed")
+        if not 0 <= race_margin < 1:
+            raise ValueError(f"race_margin must be in [0, 1), got {race_margin}")
+        self.scenario = scenario
+        self.seeds = [int(s) for s in seeds]
+        self.pool = pool
+        self.workers = workers
+        self.race_margin = race_margin
+        self.progress = progress
+        self.episodes: dict[tuple[Caps, int], dict[str, Any]] = {}
+        self.pruned: set[Caps] = set()
+        self.rollouts = 0  # episodes run
+        self.inferred = 0  # episodes filled in from a run one whose limit never bound (`_infer`)
+
+    def _run(self, jobs: Iterable[tuple[Caps, int]]) -> None:
+        todo = []
+        for job in dict.fromkeys(jobs):
+            if job not in self.episodes and not self._infer(job):
+                todo.append(job)
+        if not todo:
+            return
+        args = [(self.scenario, caps, seed) for caps, seed in todo]
+        if self.pool is None:
+            results: Iterable[dict[str, Any]] = map(_episode, args)
+        else:
+            results = self.pool.map(_episode, args, chunksize=max(1, len(args) // (4 * self.workers)))
+        for job, r in zip(todo, results, strict=True):
+            self.episodes[job] = r
+            self.rollouts += 1
+            if self.progress is not None:
+                self.progress(self.rollouts)
+
+    def _infer(self, job: tuple[Caps, int]) -> bool:
+        """Fill in ``job`` without running it where an episode already run says how it goes: the same caps but a
+        smaller one for some tenant whose limit never held a request back. Every limit of ``job`` is then at
+        least that episode's at every decision, so no request is held back either and every event happens at
+        the same time: the same episode, but for its ``mean_limit`` (`mean_limit`)."""
+        caps, seed = job
+        for (other, s), ep in self.episodes.items():
+            if s != seed:
+                continue
+            diff = [i for i, (a, b) in enumerate(zip(other, caps, strict=True)) if a != b]
+            if len(diff) == 1 and other[diff[0]] < caps[diff[0]] and not ep["bound"][diff[0]]:
+                self.episodes[job] = {**ep, "mean_limit": mean_limit(self.scenario, caps), "inferred_from": list(other)}
+                self.inferred += 1
+                return True
+        return False
+
+    def complete(self, caps: Caps) -> bool:
+        return all((caps, s) in self.episodes for s in self.seeds)
+
+    def mean(self, caps: Caps, metric: str = "goodput_rps") -> float:
+        return sum(self.episodes[(caps, s)][metric] for s in self.seeds) / len(self.seeds)
+
+    def __call__(self, points: Sequence[Caps]) -> list[float]:
+        """The mean goodput of every point over the seeds; ``-inf`` for a point the race dropped."""
+        alive = list(dict.fromkeys(tuple(p) for p in points))
+        if self.race_margin > 0:
+            for k in range(len(self.seeds) - 1):  # after the last seed there is nothing left to save
+                if len(alive) < 2:
+                    break
+                self._run((p, self.seeds[k]) for p in alive)
+                so_far = {p: sum(self.episodes[(p, s)]["goodput_rps"] for s in self.seeds[: k + 1]) for p in alive}
+                floor = (1 - self.race_margin) * max(so_far.values())
+                out = {p for p in alive if so_far[p] < floor and not self.complete(p)}
+                self.pruned |= out
+                alive = [p for p in alive if p not in out]
+        self._run((p, s) for p in alive for s in self.seeds)
+        self.pruned.difference_update(alive)
+        return [self.mean(p) if self.complete(p) else -math.inf for p in points]
+
+
+# ---------------------------------------------------------------------------------------------- tune_static
+@dataclass
+class Tuning:
+    """A finished search: the caps, how they were found, and every episode it ran."""
+
+    scenario: Scenario
+    source: str
+    seeds: list[int]
+    start: Caps
+    best: Caps
+    descents: list[Descent]
+    objective: SimObjective
+    wall_s: float
+    workers: int
+    grids: list[list[int]]
+    ramp: dict[str, float] = field(default_factory=dict)
+
+    def point(self, caps: Caps) -> dict[str, Any]:
+        """A fully evaluated point's mean metrics over the tuning seeds, per tenant too where offline has them."""
+        runs = [self.objective.episodes[(caps, s)] for s in self.seeds]
+        out: dict[str, Any] = {"caps": list(caps), "policy": static_policy(caps)}
+        out.update({m: _mean(r[m] for r in runs) for m in KEPT_METRICS if all(m in r for r in runs)})
+        if all("tenants" in r for r in runs):
+            out["tenants"] = {
+                t.name: {k: _mean(r["tenants"][t.name][k] for r in runs) for k in ("goodput_rps", "attainment")}
+                for t in self.scenario.tenants
+            }
+        return out
+
+    def to_json(self, command: str) -> dict[str, Any]:
+        sc = self.scenario
+        names = [t.name for t in sc.tenants]
+        ob = self.objective
+        points = []
+        for caps in dict.fromkeys(c for c, _ in ob.episodes):
+            runs = {s: ob.episodes[(caps, s)]["goodput_rps"] for s in ob.seeds if (caps, s) in ob.episodes}
+            entry: dict[str, Any] = {"caps": list(caps), "pruned": caps in ob.pruned}
+            if ob.complete(caps):
+                entry["goodput_rps"] = ob.mean(caps)
+                entry["attainment"] = ob.mean(caps, "attainment")
+                entry["worst_attainment"] = ob.mean(caps, "worst_attainment")
+            entry["goodput_rps_per_seed"] = {str(s): v for s, v in runs.items()}
+            inferred = [s for s in ob.seeds if "inferred_from" in ob.episodes.get((caps, s), {})]
+            if inferred:
+                entry["inferred_on_seeds"] = inferred  # filled in from an episode whose limit never bound
+            points.append(entry)
+        best = self.point(self.best)
+        return {
+            "format": STORE_FORMAT,
+            "scenario": sc.name,
+            "source": self.source,
+            "fingerprint": fingerprint(sc),
+            "spec_fingerprint": spec_fingerprint(sc.control_spec()),
+            "tenants": names,
+            "caps": dict(zip(names, self.best, strict=True)),
+            "policy": static_policy(self.best),
+            "seeds": self.seeds,
+            "objective": "mean goodput_rps over the seeds (offline.rollout of the static caps, ramp from initial)",
+            "goodput_rps": best["goodput_rps"],
+            "attainment": best.get("attainment"),
+            "worst_attainment": best.get("worst_attainment"),
+            "best": best,
+            "plain_static": self.point(self.start),
+            "ramp": self.ramp,
+            "command": command,
+            "wall_s": round(self.wall_s, 1),
+            "workers": self.workers,
+            "search": {
+                "method": "coordinate descent: the log grid, then the ×1.5 midpoints next to the best"
+                if len(self.descents) > 1
+                else "coordinate descent over the log grid",
+                "grids": {n: g for n, g in zip(names, self.grids, strict=True)},
+                "race_margin": ob.race_margin,
+                "rollouts": ob.rollouts,
+                "inferred": ob.inferred,
+                "points": len(points),
+                "stages": [{"stage": d.stage, "rounds": d.rounds, "converged": d.converged} for d in self.descents],
+                "sweeps": [
+                    {
+                        "stage": w.stage,
+                        "round": w.round,
+                        "tenant": names[w.tenant],
+                        "from": w.start[w.tenant],
+                        "to": w.end[w.tenant],
+                        "scores": {str(v): (s if math.isfinite(s) else None) for v, s in w.scores.items()},
+                    }
+                    for d in self.descents
+                    for w in d.sweeps
+                ],
+            },
+            "points": points,
+        }
+
+
+def _mean(values: Iterable[float]) -> float:
+    v = list(values)
+    return sum(v) / len(v)
+
+
+def describe_sweep(w: Sweep, names: Sequence[str]) -> str:
+    """One line of the search log: which tenant, where it went, what the candidates scored."""
+    cands = " ".join(f"{v}:{s:.3f}" if math.isfinite(s) else f"{v}:pruned" for v, s in w.scores.items())
+    move = f"{w.start[w.tenant]} → {w.end[w.tenant]}" if w.moved else f"stays {w.start[w.tenant]}"
+    return f"{w.stage} round {w.round} · {names[w.tenant]}: {move}  goodput {w.scores[w.end[w.tenant]]:.3f}  [{cands}]"
+
+
+def tune_static(
+    scenario: str | Path | Scenario,
+    seeds: Sequence[int] = TUNING_SEEDS,
+    workers: int = 1,
+    *,
+    refine: bool = True,
+    race_margin: float = 0.02,
+    window: int | None = 2,
+    max_rounds: int = 10,
+    rel_tol: float = 0.0,
+    measure_ramp: bool = True,
+    progress: Callable[[int], None] | None = None,
+    log: Callable[[str], None] | None = None,
+) -> Tuning:
+    """Tune per-tenant static caps on ``seeds`` for the most mean goodput (the module's docstring: the grid,
+    the descent, the tie-break, the racing). Starts at the scenario's ``initial`` caps (plain ``static``)."""
+    sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
+    source = sc.name if isinstance(scenario, Scenario) else _source(scenario)
+    if workers < 1:
+        raise ValueError(f"workers must be >= 1, got {workers}")
+    seeds = [int(s) for s in seeds]
+    lim = sc.control_spec().limits
+    n = len(sc.tenants)
+    names = [t.name for t in sc.tenants]
+    grid = log_grid(lim)
+    start: Caps = (lim.initial,) * n
+    t0 = time.perf_counter()
+    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    try:
+        ob = SimObjective(sc, seeds, pool, workers, race_margin, progress)
+        say = (lambda w: log(describe_sweep(w, names))) if log is not None else None
+        descents = [
+            coordinate_descent(
+                ob,
+                start,
+                log_sweep([grid] * n, window),
+                max_rounds=max_rounds,
+                rel_tol=rel_tol,
+                stage="grid",
+                on_sweep=say,
+            )
+        ]
+        grids = [grid] * n
+        if refine:
+            fine = fine_grid(grid)
+            if fine != grid:
+                grids = [fine] * n
+                descents.append(
+                    coordinate_descent(
+                        ob,
+                        descents[0].best,
+                        adjacent(grids),
+                        max_rounds=max_rounds,
+                        rel_tol=rel_tol,
+                        stage="refine",
+                        on_sweep=say,
+                    )
+                )
+        best = descents[-1].best
+        ramp = _ramp(sc, best, seeds, pool, ob) if measure_ramp else {}
+    finally:
+        if pool is not None:
+            pool.shutdown()
+    return Tuning(sc, source, seeds, start, best, descents, ob, time.perf_counter() - t0, workers, grids, ramp)
+
+
+def _ramp(sc: Scenario, caps: Caps, seeds: Sequence[int], pool: Executor | None, ob: SimObjective) -> dict[str, float]:
+    lim = sc.limits
+    steps = max(math.ceil(abs(c - lim.initial) / lim.max_step) for c in caps)
+    out = {"decisions": float(steps), "seconds": steps * sc.interval_s, "goodput_rps_ramped": ob.mean(caps)}
+    if steps == 0:
+        out["goodput_rps_at_caps"] = out["goodput_rps_ramped"]
+        return out
+    args = [(sc, caps, s) for s in seeds]
+    vals = list(pool.map(_episode_at_caps, args) if pool is not None else map(_episode_at_caps, args))
+    out["goodput_rps_at_caps"] = sum(vals) / len(vals)
+    return out
+
+
+def _source(scenario: str | Path) -> str:
+    """How to load the scenario again: its bundled name, or the absolute path of its file."""
+    p = Path(scenario)
+    if p.suffix in (".yaml", ".yml") and p.is_file():
+        return str(p.resolve())
+    return str(scenario)
+
+
+# ---------------------------------------------------------------------------------------------- stores
+def shipped_dir() -> Path:
+    """evaluate/static_best/: the tunings that ship with admit (``admit tune-static --out`` there)."""
+    return Path(str(resources.files("admit.evaluate").joinpath("static_best")))
+
+
+def cache_dir() -> Path:
+    """Where tunings made on the fly (and ``admit tune-static`` without ``--out``) go: ``$ADMIT_CACHE_DIR``, else
+    ``$XDG_CACHE_HOME/admit``, else ``~/.cache/admit``; the static_best/ folder in it."""
+    root = os.environ.get("ADMIT_CACHE_DIR") or (
+        str(Path(os.environ["XDG_CACHE_HOME"]) / "admit") if os.environ.get("XDG_CACHE_HOME") else None
+    )
+    return (Path(root) if root else Path.home() / ".cache" / "admit") / "static_best"
+
+
+def cache_path(scenario: Scenario) -> Path:
+    safe = re.sub(r"[^A-Za-z0-9._@-]+", "_", scenario.name) or "scenario"
+    return cache_dir() / f"{safe}-{fingerprint(scenario)[:16]}.json"
+
+
+@dataclass(frozen=True)
+class TunedCaps:
+    """One tuning store file, checked: the caps per tenant, the seeds they were tuned on, the fingerprint."""
+
+    path: Path
+    scenario: str
+    source: str
+    fingerprint: str
+    spec_fingerprint: str
+    tenants: tuple[str, ...]
+    caps: Caps
+    seeds: tuple[int, ...]
+    goodput_rps: float
+
+    @classmethod
+    def load(cls, path: Path) -> TunedCaps:
+        try:
+            d = json.loads(Path(path).read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(f"tuning store {path}: cannot read it: {e}") from None
+        try:
+            if d.get("format") != STORE_FORMAT:
+                raise ValueError(f"format {d.get('format')!r}, expected {STORE_FORMAT}")
+            tenants = tuple(str(t) for t in d["tenants"])
+            caps = tuple(int(d["caps"][t]) for t in tenants)
+            seeds = tuple(int(s) for s in d["seeds"])
+            return cls(
+                Path(path),
+                str(d["scenario"]),
+                str(d.get("source", d["scenario"])),
+                str(d["fingerprint"]),
+                str(d["spec_fingerprint"]),
+                tenants,
+                caps,
+                seeds,
+                float(d["goodput_rps"]),
+            )
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise ValueError(f"tuning store {path} is malformed: {e!r}") from None
+
+
+def write_store(data: dict[str, Any], path: Path) -> Path:
+    """Write a tuning's JSON atomically (a reader never sees half a file; two writers leave one whole file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
+def _stores(folder: Path, log: Callable[[str], None]) -> list[TunedCaps]:
+    if not folder.is_dir():
+        return []
+    out = []
+    for p in sorted(folder.glob("*.json")):
+        try:
+            out.append(TunedCaps.load(p))
+        except ValueError as e:
+            log(f"static:best: ignoring {e}")
+    return out
+
+
+def all_stores(log: Callable[[str], None] | None = None) -> list[TunedCaps]:
+    """Every readable tuning, shipped first, then cached."""
+    say = log or _stderr
+    return _stores(shipped_dir(), say) + _stores(cache_dir(), say)
+
+
+def _stderr(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+_RESOLVED: dict[tuple[str, str, str], TunedCaps] = {}
+
+
+def tuned_caps(
+    scenario: Scenario, *, workers: int | None = None, log: Callable[[str], None] | None = None
+) -> TunedCaps:
+    """The stored tuning of ``scenario`` (by fingerprint, shipped then cached); where none is, tune on
+    `TUNING_SEEDS` now, say so, and cache it. Remembered per process."""
+    say = log or _stderr
+    fp = fingerprint(scenario)
+    key = (fp, str(shipped_dir()), str(cache_dir()))
+    if key in _RESOLVED:
+        return _RESOLVED[key]
+    stores = all_stores(say)
+    found = next((s for s in stores if s.fingerprint == fp), None)
+    if found is not None and found.tenants != tuple(t.name for t in scenario.tenants):
+        raise ValueError(
+            f"tuning store {found.path} names tenants {list(found.tenants)}, the scenario has "
+            f"{[t.name for t in scenario.tenants]}"
+        )
+    if found is None:
+        old = [s for s in stores if s.scenario == scenario.name]
+        why = (
+            f"the caps in {old[0].path} were tuned on another version of {scenario.name!r} (fingerprint "
+            f"{old[0].fingerprint[:12]}, this one {fp[:12]}): stale"
+            if old
+            else f"no tuned caps for {scenario.name!r} (fingerprint {fp[:12]}) in {shipped_dir()} or {cache_dir()}"
+        )
+        w = workers if workers is not None else int(os.environ.get("ADMIT_TUNE_WORKERS", min(4, os.cpu_count() or 1)))
+        path = cache_path(scenario)
+        say(f"static:best: {why}; tuning now on seeds {format_seeds(TUNING_SEEDS)} with {w} worker(s), into {path}")
+        tuning = tune_static(scenario, TUNING_SEEDS, w)
+        cmd = (
+            f"(on the fly, static:best) admit tune-static --scenario {tuning.source} --seeds "
+            f"{format_seeds(TUNING_SEEDS)} --workers {w}"
+        )
+        write_store(tuning.to_json(cmd), path)
+        found = TunedCaps.load(path)
+        say(
+            f"static:best: {scenario.name}: caps {static_policy(found.caps)[len('static:') :]} "
+            f"(goodput {found.goodput_rps:.3f} req/s on the tuning seeds) after {tuning.wall_s:.0f} s"
+        )
+    _RESOLVED[key] = found
+    return found
+
+
+_BY_SPEC: dict[tuple[ControlSpec, str, str], Scenario] = {}
+
+
+def scenario_for_spec(spec: ControlSpec, log: Callable[[str], None] | None = None) -> Scenario:
+    """The one scenario whose control spec is ``spec``: among the bundled scenarios and the scenarios the
+    stores were tuned on (reloaded from their source, so a changed file is seen as changed). Raises ValueError
+    when there is none or more than one."""
+    key = (spec, str(shipped_dir()), str(cache_dir()))
+    if key in _BY_SPEC:
+        return _BY_SPEC[key]
+    say = log or _stderr
+    found: dict[str, Scenario] = {}
+    for name in bundled_scenarios():
+        sc = load_scenario(name)
+        if sc.control_spec() == spec:
+            found.setdefault(fingerprint(sc), sc)
+    sfp = spec_fingerprint(spec)
+    for st in all_stores(say):
+        if st.spec_fingerprint != sfp or st.source in bundled_scenarios():
+            continue
+        try:
+            sc = load_scenario(st.source)
+        except Exception as e:  # a source that is gone or no longer parses: that store cannot say anything
+            say(f"static:best: ignoring {st.path}: its scenario {st.source!r} does not load: {e}")
+            continue
+        if sc.control_spec() == spec:
+            found.setdefault(fingerprint(sc), sc)
+    names = ", ".join(f"{s.name!r}" for s in found.values())
+    tenants = ", ".join(t.name for t in spec.tenants)
+    if not found:
+        raise ValueError(
+            f"static:best: no known scenario has this control spec (tenants {tenants}): it matches no bundled "
+            f"scenario and no tuning in {shipped_dir()} or {cache_dir()}; tune it first (admit tune-static "
+            "--scenario S) or make the policy with make_controller('static:best', scenario=S)"
+        )
+    if len(found) > 1:
+        raise ValueError(
+            f"static:best: several scenarios have this control spec (tenants {tenants}): {names}; make the "
+            "policy with make_controller('static:best', scenario=S) to say which"
+        )
+    (sc,) = found.values()
+    _BY_SPEC[key] = sc
+    return sc
+
+
+def check_seeds(policies: Sequence[str], seeds: Sequence[int], scenario: Scenario) -> None:
+    """Raise ValueError when an evaluation of ``policies`` on ``seeds`` would test a static:best on a seed its
+    caps were tuned on (``admit evaluate`` can call it before any work; `BestStatic.reset` checks it anyway)."""
+    if "static:best" not in policies:
+        return
+    tuned = tuned_caps(scenario)
+    _refuse_overlap(tuned, seeds)
+
+
+def _refuse_overlap(tuned: TunedCaps, seeds: Iterable[int]) -> None:
+    bad = sorted(set(int(s) for s in seeds) & set(tuned.seeds))
+    if bad:
+        raise ValueError(
+            f"static:best's caps for {tuned.scenario!r} were tuned on seeds {format_seeds(tuned.seeds)} "
+            f"({tuned.path}); evaluating it on seed {format_seeds(bad)} would test it on the data it was tuned "
+            f"on: choose evaluation seeds outside {format_seeds(tuned.seeds)}"
+        )
+
+
+# ---------------------------------------------------------------------------------------------- static:best
+class BestStatic(StaticController):
+    """``static:best``: a static controller at the caps tuned for its scenario (the module's docstring).
+
+    Its caps are resolved at ``reset`` (where the spec arrives); ``bind_scenario`` names the scenario first.
+    ``reset(spec, seed)`` raises ValueError when ``seed`` is one of the tuning seeds.
+    """
+
+    name = "static:best"
+
+    def __init__(self, scenario: Scenario | None = None) -> None:
+        super().__init__(None)
+        self.scenario = scenario
+        self.tuned: TunedCaps | None = None
+
+    def bind_scenario(self, scenario: Scenario) -> None:
+        """Name the scenario this controller will be evaluated on (the registry's ``make_controller(...,
+        scenario=S)``): its caps are then found by its own fingerprint, not by its control spec."""
+        self.scenario = scenario
+
+    def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
+        sc = self.scenario
+        if sc is None:
+            sc = scenario_for_spec(spec)
+        elif sc.control_spec() != spec:
+            raise ValueError(f"static:best is bound to scenario {sc.name!r} but was reset with another control spec")
+        tuned = tuned_caps(sc)
+        if seed is not None:
+            _refuse_overlap(tuned, [seed])
+        self.tuned = tuned
+        self.cap = list(tuned.caps)
+        super().reset(spec, seed)

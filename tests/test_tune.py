@@ -1,0 +1,300 @@
+"""admit tune-static and static:best (evaluate/tune.py): the search, the stores, the seed rule, the verb."""
+
+import json
+import math
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from admit.controllers.registry import make_controller
+from admit.core.spec import Limits
+from admit.envs.scenario import load_scenario, parse_scenario
+from admit.evaluate import tune
+from admit.evaluate.offline import evaluate, rollout
+
+# One tenant on a pool of 4 slots, deterministic 1 s service, no admission queue (max_queue 0: over the limit
+# is a rejection), and a TTFT objective of 1 ms: a request is good only if it starts the moment it arrives.
+# Under a cap c ≤ 4 every admitted request finds a free slot, so goodput is an Erlang loss system's
+# throughput with c servers, increasing in c; over 4, admitted requests wait in the engine (never good) and
+# hold slots later arrivals would have started on. The best cap is the pool's size, 4.
+TINY = {
+    "name": "tiny-slots",
+    "horizon_s": 200,
+    "interval_s": 5,
+    "window_s": 10,
+    "engine": {"kind": "slot", "slots": 4, "mean_service_s": 1.0, "distribution": "deterministic"},
+    "admission": {"queue_timeout_s": 1.0, "max_queue": 0},
+    "limits": {"min": 1, "max": 16, "initial": 1, "max_step": 16},  # the first decision (t = 0) reaches any cap
+    "tenants": [
+        {
+            "name": "only",
+            "arrival": {"kind": "poisson", "rate": 6.0},
+            "prompt_tokens": {"kind": "constant", "value": 1},
+            "output_tokens": {"kind": "constant", "value": 1},
+            "slo": {"ttft_s": 0.001},
+        }
+    ],
+}
+
+
+@pytest.fixture
+def cache(tmp_path, monkeypatch):
+    """A fresh cache for static:best, one worker for tunings on the fly, and no resolutions remembered."""
+    monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("ADMIT_TUNE_WORKERS", "1")
+    monkeypatch.setattr(tune, "_RESOLVED", {})
+    monkeypatch.setattr(tune, "_BY_SPEC", {})
+    return tmp_path / "cache" / "static_best"
+
+
+# ------------------------------------------------------------------------------------------ the search core
+def _log2(c: int) -> float:
+    return math.log2(c)
+
+
+def counting(f):
+    """A batch objective from a point function, counting every point it is asked for."""
+    calls: list[tuple[int, ...]] = []
+
+    def objective(points):
+        calls.extend(points)
+        return [f(p) for p in points]
+
+    return objective, calls
+
+
+GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
+
+
+def test_descent_finds_a_separable_optimum_and_stops_one_idle_round_after_the_last_move():
+    target = (4, 32, 1)
+    obj, _ = counting(lambda c: -sum((_log2(a) - _log2(t)) ** 2 for a, t in zip(c, target, strict=True)))
+    d = tune.coordinate_descent(obj, (64, 64, 64), tune.log_sweep([GRID] * 3))
+    assert d.best == target and d.converged and d.score == 0.0
+    moves = [i for i, w in enumerate(d.sweeps) if w.moved]
+    assert len(d.sweeps) == moves[-1] + 1 + 3  # after the last move, one sweep per tenant and no more
+    assert all(w.scores[w.end[w.tenant]] == max(w.scores.values()) for w in d.sweeps)
+
+
+def test_descent_needs_several_rounds_when_coordinates_interact():
+    # on the log scale f = -(x0 - x1)²/2 - (x0 - 3)²: the optimum (8, 8) is reached only by alternating moves
+    obj, _ = counting(lambda c: -0.5 * (_log2(c[0]) - _log2(c[1])) ** 2 - (_log2(c[0]) - 3) ** 2)
+    d = tune.coordinate_descent(obj, (256, 1), tune.log_sweep([GRID] * 2))
+    assert d.best == (8, 8) and d.converged and d.rounds > 1
+
+
+def test_ties_go_to_the_smaller_cap():
+    obj, _ = counting(lambda c: min(c[0], 16) + min(c[1], 8))  # caps above 16 and 8 change nothing
+    d = tune.coordinate_descent(obj, (64, 64), tune.log_sweep([GRID] * 2))
+    assert d.best == (16, 8) and d.score == 24
+
+
+def test_rel_tol_trades_a_little_goodput_for_smaller_caps():
+    value = {1: 0.5, 2: 0.99, 4: 1.0}
+    obj, _ = counting(lambda c: value[c[0]])
+    assert tune.coordinate_descent(obj, (4,), tune.log_sweep([[1, 2, 4]])).best == (4,)
+    assert tune.coordinate_descent(obj, (4,), tune.log_sweep([[1, 2, 4]]), rel_tol=0.02).best == (2,)
+
+
+def test_dropped_candidates_are_never_chosen_and_a_bad_start_is_an_error():
+    obj, _ = counting(lambda c: -math.inf if c[0] == 8 else float(c[0]))
+    assert tune.coordinate_descent(obj, (1,), tune.log_sweep([[1, 2, 8]])).best == (2,)
+    with pytest.raises(ValueError, match="start point"):
+        tune.coordinate_descent(obj, (8,), tune.log_sweep([[1, 2, 8]]))
+    with pytest.raises(ValueError, match="max_rounds"):
+        tune.coordinate_descent(obj, (1,), tune.log_sweep([[1]]), max_rounds=0)
+
+
+def test_local_refinement_moves_between_neighbours_only():
+    obj, calls = counting(lambda c: -abs(c[0] - 6))
+    d = tune.coordinate_descent(obj, (4,), tune.adjacent([tune.fine_grid([1, 2, 4, 8, 16])]), stage="refine")
+    assert d.best == (6,)
+    assert set(calls) <= {(3,), (4,), (6,), (8,)}
+
+
+def test_grids():
+    assert tune.log_grid(Limits(min=2, max=256, initial=64, max_step=4)) == [2, 4, 8, 16, 32, 64, 128, 256]
+    assert tune.log_grid(Limits(min=1, max=4, initial=4, max_step=1)) == [1, 2, 4]
+    assert tune.log_grid(Limits(min=0, max=10, initial=3, max_step=1)) == [0, 1, 2, 3, 4, 8, 10]
+    assert tune.fine_grid([1, 2, 4, 8]) == [1, 2, 3, 4, 6, 8]
+    assert tune.fine_grid([4, 10]) == [4, 6, 10]
+
+
+def test_seed_spellings():
+    assert tune.parse_seeds("3..5") == [3, 4, 5]
+    assert tune.parse_seeds("7") == [7]
+    assert tune.parse_seeds("1,4") == [1, 4]
+    assert tune.format_seeds([3, 4, 5]) == "3..5" and tune.format_seeds([1, 4]) == "1,4"
+    for bad, msg in (("5..3", "A <= B"), ("x", "integers"), ("1,1", "at most once"), ("-1", ">= 0"), ("", "integers")):
+        with pytest.raises(ValueError, match=msg):
+            tune.parse_seeds(bad)
+
+
+# ------------------------------------------------------------------------------------------ on the simulator
+def test_the_search_finds_the_provable_best_cap_of_a_slot_pool():
+    full = tune.tune_static(parse_scenario(TINY), seeds=[0, 1, 2], workers=1, race_margin=0)
+    ob = full.objective
+    scores = {c[0]: ob.mean(c) for c, _ in ob.episodes}
+    assert full.best == (4,)
+    assert scores[4] > scores[3] > scores[2] > scores[1] and scores[4] > scores[6] > scores[8] > scores[16]
+    raced = tune.tune_static(parse_scenario(TINY), seeds=[0, 1, 2], workers=1)
+    assert raced.best == (4,) and raced.objective.rollouts < ob.rollouts
+    assert (16,) in raced.objective.pruned and not raced.objective.complete((16,))  # dropped after one seed
+    data = raced.to_json("test")
+    assert data["caps"] == {"only": 4} and data["policy"] == "static:4"
+    assert data["plain_static"]["caps"] == [1] and data["goodput_rps"] == pytest.approx(scores[4])
+    assert data["ramp"]["decisions"] == 1  # limits 1 → 4 at the first decision (t = 0): no ramp to speak of
+    assert data["ramp"]["goodput_rps_at_caps"] == pytest.approx(data["ramp"]["goodput_rps_ramped"])
+    assert {tuple(p["caps"]) for p in data["points"]} == {c for c, _ in raced.objective.episodes}
+    assert all(p["pruned"] == ("goodput_rps" not in p) for p in data["points"])
+
+
+def test_workers_give_the_serial_result_and_the_cache_runs_each_episode_once():
+    sc = parse_scenario(TINY)
+    serial = tune.tune_static(sc, seeds=[0, 1], workers=1, race_margin=0, measure_ramp=False)
+    pooled = tune.tune_static(sc, seeds=[0, 1], workers=2, race_margin=0, measure_ramp=False)
+    assert serial.best == pooled.best
+    assert serial.objective.episodes == pooled.objective.episodes
+    assert serial.objective.rollouts == len(serial.objective.episodes)  # no episode ran twice
+    assert not serial.objective.pruned
+
+
+def test_an_episode_is_the_one_admit_evaluate_runs():
+    sc = load_scenario("h200-live-small")
+    caps = (12, 4)
+    ours = tune._episode((sc, caps, 3))
+    theirs = rollout(sc, tune.static_policy(caps), 3)
+    assert {k: ours[k] for k in tune.KEPT_METRICS} == {k: theirs[k] for k in tune.KEPT_METRICS}
+    assert ours["tenants"] == {
+        n: {k: v[k] for k in ("goodput_rps", "attainment")} for n, v in theirs["tenants"].items()
+    }
+    assert ours["mean_limit"] == pytest.approx(tune.mean_limit(sc, caps))
+
+
+def test_caps_above_a_limit_that_never_bound_are_the_same_episode():
+    light = {**TINY["tenants"][0], "name": "light", "arrival": {"kind": "poisson", "rate": 0.2}}
+    sc = parse_scenario({**TINY, "tenants": [TINY["tenants"][0], light]})  # 'only' overloads, 'light' hardly
+    ob = tune.SimObjective(sc, [0], None, 1, race_margin=0)
+    ob([(4, 8)])
+    assert ob.episodes[((4, 8), 0)]["bound"] == [True, False]
+    ob([(4, 16)])
+    assert ob.rollouts == 1 and ob.inferred == 1
+    inferred = dict(ob.episodes[((4, 16), 0)])
+    assert inferred.pop("inferred_from") == [4, 8]
+    assert inferred == tune._episode((sc, (4, 16), 0))  # what running it gives
+    ob([(8, 8), (4, 4)])  # 'only' was held back at 4, and a smaller cap may bind: both run
+    assert ob.rollouts == 3
+
+
+# ------------------------------------------------------------------------------------------ static:best
+def test_static_best_refuses_its_own_tuning_seeds(cache):
+    sc = load_scenario("h200-live-small")
+    c = make_controller("static:best", scenario=sc)
+    with pytest.raises(ValueError, match="tuned on seeds 900000..900004"):
+        c.reset(sc.control_spec(), 900_002)
+    with pytest.raises(ValueError, match="choose evaluation seeds outside"):
+        evaluate(sc, ["static", "static:best"], seeds=3, seed_base=899_999)
+    with pytest.raises(ValueError, match="900003..900004"):
+        tune.check_seeds(["static:best"], range(900_003, 900_010), sc)
+    tune.check_seeds(["static:best"], range(20), sc)  # admit evaluate's default seeds are fine
+    tune.check_seeds(["static"], range(900_000, 900_010), sc)  # and plain static has no tuning seeds
+
+
+def test_static_best_without_a_known_scenario_says_how_to_get_one(cache):
+    odd = parse_scenario({**TINY, "tenants": [{**TINY["tenants"][0], "name": "nobody-has-me"}]})
+    with pytest.raises(ValueError, match="no known scenario has this control spec"):
+        make_controller("static:best").reset(odd.control_spec(), 0)
+
+
+def test_static_best_finds_a_cached_tuning_of_a_scenario_file_by_its_spec(cache, tmp_path, capsys):
+    path = tmp_path / "mine.yaml"
+    path.write_text(yaml.safe_dump({**TINY, "name": "mine"}))
+    sc = load_scenario(path)
+    res = tune.tune_static(path, seeds=[0, 1], workers=1)
+    tune.write_store(res.to_json("test"), tune.cache_path(sc))
+    c = make_controller("static:best")
+    c.reset(sc.control_spec(), 5)
+    assert tuple(c.cap) == res.best == (4,) and "tuning now" not in capsys.readouterr().err
+    with pytest.raises(ValueError, match="tuned on seeds 0..1"):
+        c.reset(sc.control_spec(), 1)
+
+
+def test_fingerprint_reads_the_world_not_its_labels():
+    base = parse_scenario(TINY)
+    assert tune.fingerprint(base) == tune.fingerprint(parse_scenario({**TINY, "name": "x", "description": "y"}))
+    assert tune.fingerprint(base) == tune.fingerprint(parse_scenario({**TINY, "reward": {"drop": 5.0}}))
+    assert tune.fingerprint(base) != tune.fingerprint(parse_scenario({**TINY, "horizon_s": 100}))
+    other = {**TINY["tenants"][0], "arrival": {"kind": "constant", "rate": 6.0}}
+    assert tune.fingerprint(base) != tune.fingerprint(parse_scenario({**TINY, "tenants": [other]}))
+
+
+def test_a_malformed_store_is_named_and_skipped(cache, capsys):
+    cache.mkdir(parents=True)
+    (cache / "broken.json").write_text("{not json")
+    assert tune.all_stores() == [s for s in tune.all_stores() if s.path.name != "broken.json"]
+    assert "ignoring tuning store" in capsys.readouterr().err
+    with pytest.raises(ValueError, match="malformed"):
+        (cache / "old.json").write_text(json.dumps({"format": 1, "tenants": ["a"]}))
+        tune.TunedCaps.load(cache / "old.json")
+
+
+# ------------------------------------------------------------------------------------------ the verb
+def _admit(*args: str, env_cache: Path) -> subprocess.CompletedProcess:
+    import os
+
+    env = {**os.environ, "ADMIT_CACHE_DIR": str(env_cache)}
+    return subprocess.run(
+        [sys.executable, "-m", "admit.cli", *args], capture_output=True, text=True, env=env, timeout=300
+    )
+
+
+def test_cli_tune_static_end_to_end_on_a_short_scenario(tmp_path):
+    data = yaml.safe_load((Path(tune.__file__).parents[1] / "envs/scenarios/h200-live-small.yaml").read_text())
+    src = tmp_path / "short.yaml"
+    src.write_text(yaml.safe_dump({**data, "name": "short", "horizon_s": 30}))
+    out = tmp_path / "caps.json"
+    r = _admit(
+        "tune-static",
+        "--scenario",
+        str(src),
+        "--seeds",
+        "0..2",
+        "--workers",
+        "2",
+        "--out",
+        str(out),
+        env_cache=tmp_path / "c",
+    )
+    assert r.returncode == 0, r.stderr
+    assert "best caps: chat=" in r.stdout and "plain static" in r.stdout and f"wrote {out}" in r.stdout
+    assert "grid round 1 · chat" in r.stdout  # the search, sweep by sweep
+    got = json.loads(out.read_text())
+    for key in ("caps", "seeds", "goodput_rps", "attainment", "command", "fingerprint", "points", "search", "ramp"):
+        assert key in got, key
+    assert got["seeds"] == [0, 1, 2] and set(got["caps"]) == {"chat", "agent"}
+    assert got["command"] == f"admit tune-static --scenario {src} --seeds 0..2 --workers 2 --out {out}"
+    assert got["fingerprint"] == tune.fingerprint(load_scenario(src))
+    assert all(p["goodput_rps"] <= got["goodput_rps"] for p in got["points"] if "goodput_rps" in p)
+    # without --out it goes where static:best looks
+    r = _admit("tune-static", "--scenario", str(src), "--seeds", "0", "--workers", "1", env_cache=tmp_path / "c")
+    assert r.returncode == 0, r.stderr
+    assert list((tmp_path / "c" / "static_best").glob("short-*.json"))
+
+
+def test_cli_default_seeds_are_static_best_s_and_a_bad_static_arg_names_best():
+    import inspect
+
+    from admit.evaluate.cli import tune_static as verb
+
+    assert inspect.signature(verb).parameters["seeds"].default.default == tune.format_seeds(tune.TUNING_SEEDS)
+    with pytest.raises(ValueError, match="or 'best'"):
+        make_controller("static:bestest")
+
+
+def test_cli_tune_static_bad_input_is_a_clear_error(tmp_path):
+    r = _admit("tune-static", "--scenario", "no-such-scenario", env_cache=tmp_path)
+    assert r.returncode == 2 and "unknown scenario 'no-such-scenario'" in r.stderr
+    r = _admit("tune-static", "--scenario", "seed-paper", "--seeds", "9..3", env_cache=tmp_path)
+    assert r.returncode == 2 and "A <= B" in r.stderr
