@@ -185,8 +185,8 @@ def observation_values(
 
 
 class PreemptionWindow:
-    """Preemptions in the last ``window_s`` seconds from a cumulative counter read at each observation
-    (the simulated engine's, or vLLM's ``num_preemptions_total`` at each scrape)."""
+    """Preemptions in the last ``window_s`` seconds from samples of a cumulative counter: the simulated
+    engine's, sampled at each observation, or vLLM's ``num_preemptions_total``, sampled at each scrape."""
 
     __slots__ = ("_samples", "window_s")
 
@@ -194,11 +194,23 @@ class PreemptionWindow:
         self.window_s = window_s
         self._samples: deque[tuple[float, float]] = deque()
 
-    def count(self, now: float, total: float) -> float:
-        """Preemptions between the oldest sample within the window and ``total`` at ``now``."""
+    def add(self, t: float, total: float) -> None:
         s = self._samples
-        s.append((now, total))
-        cutoff = now - self.window_s
-        while len(s) > 1 and s[1][0] <= cutoff:
+        s.append((t, total))
+        cutoff = t - self.window_s
+        while len(s) > 1 and s[1][0] <= cutoff:  # keep the newest sample at or before the window's start
             s.popleft()
-        return max(0.0, total - s[0][1])
+
+    def count(self, now: float) -> float:
+        """The counter's growth from the last sample at or before ``now - window_s`` (else the first sample)
+        to the newest one; 0 before two samples."""
+        s = self._samples
+        if len(s) < 2:
+            return 0.0
+        cutoff = now - self.window_s
+        base = s[0][1]
+        for t, v in s:
+            if t > cutoff:
+                break
+            base = v
+        return max(0.0, s[-1][1] - base)

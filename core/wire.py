@@ -24,6 +24,7 @@ def observation_json(obs: Observation, names: Sequence[str], info: dict[str, Any
         "observation": {
             "time_s": obs.time_s, "window_s": obs.window_s, "gpu_mem_util": obs.gpu_mem_util,
             "engine_running": obs.engine_running, "engine_waiting": obs.engine_waiting,
+            "prefill_tokens_waiting": obs.prefill_tokens_waiting, "preemptions": obs.preemptions,
             "tenants": [{"name": n, **asdict(t)} for n, t in zip(names, obs.tenants, strict=True)],
         },
         "vector": [float(x) for x in obs.to_vector()],

@@ -208,6 +208,10 @@ class Simulation:
             for payload, _waited in self.core.set_limit(i, lim.clamp(int(v))):
                 self._dispatch(payload)
 
+    def _preempted(self) -> float:
+        self._preemptions.add(self.now, self.engine.num_preemptions)
+        return self._preemptions.count(self.now)
+
     def _tokens(self) -> TenantTokens:
         prefill, held = self.engine.tenant_tokens(len(self.windows))
         return TenantTokens(list(self._queued_tokens), prefill, held)
@@ -217,7 +221,7 @@ class Simulation:
         eng.sync(self.now)
         return build_observation(
             self.now, self.spec, self.windows, self.core, eng.memory_utilisation(), eng.num_running, eng.num_waiting,
-            self._tokens(), self._preemptions.count(self.now, eng.num_preemptions),
+            self._tokens(), self._preempted(),
         )
 
     def observe_values(self) -> list[float]:
@@ -226,7 +230,7 @@ class Simulation:
         eng.sync(self.now)
         return observation_values(
             self.now, self.windows, self.core, eng.memory_utilisation(), eng.num_running, eng.num_waiting,
-            self._tokens(), self._preemptions.count(self.now, eng.num_preemptions),
+            self._tokens(), self._preempted(),
         )
 
     def take_interval_totals(self) -> list[TenantTotals]:

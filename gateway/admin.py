@@ -162,7 +162,7 @@ class AdminApi:
 
     def observation(self) -> dict[str, Any]:
         """The live Observation (gateway/telemetry.py) with the configuration version it was taken under."""
-        obs, info = self.gw.telemetry.observation(self.gw.admission.snapshot())
+        obs, info = self.gw.telemetry.observation(self.gw.admission.snapshot(), self.gw.token_footprints())
         return {"version": self.version, **observation_json(obs, self.gw.names, info)}
 
     # ----------------------------------------------------------------- changes

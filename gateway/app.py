@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from admit.core.telemetry import TenantTokens
 from admit.gateway.admin import AdminApi
 from admit.gateway.admission import ENVELOPE_EMPTY, AdmissionBackend, Deferred, Lease
 from admit.gateway.asgi import HttpError, Receive, Scope, Send, bearer, header, read_body, send_error, send_json
@@ -89,6 +90,7 @@ class Record:
     started: bool = False  # the answer's status line has been sent
     finished: bool = False  # the last byte is being sent: a disconnect now is not the client's fault
     offered: bool = False  # counted as an arrival in the telemetry windows
+    n_tenant: int = -1  # the tenant's index, once known
     left: bool = False  # the client went away and the request's task was cancelled for it
     logged: bool = False  # its metrics, telemetry and request-log line are written (once, before the last byte)
 
@@ -149,6 +151,10 @@ class Gateway:
         self.admin = AdminApi(self, cfg.admin.resolve())
         self.telemetry = LiveTelemetry(cfg, backend_url)
         self.in_flight_requests = 0  # requests inside the proxy path right now (tests check it drains to 0)
+        # the requests offered to admission and not yet admitted, and those admitted and not finished, by id:
+        # their prompts and streamed tokens are the token footprints of the live Observation
+        self.waiting_admission: dict[int, Record] = {}
+        self.admitted: dict[int, Record] = {}
         self._metrics_token = cfg.metrics.resolve()
         admin_token = cfg.admin.resolve()
         self._metrics_tokens = [t.encode() for t in (self._metrics_token, admin_token) if t]
@@ -161,6 +167,7 @@ class Gateway:
         self.connection_bounds: Bounds | None = None  # set by the server (gateway/server.py)
         self.open_connections: Callable[[], int] = lambda: 0  # the server's count, once it runs
         self.metrics.gauge("connections", "client connections open", lambda: self.open_connections())
+        self.metrics.token_gauges(self.names, self.token_footprints)
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set at start-up
 
     @property
@@ -376,7 +383,9 @@ class Gateway:
         rec.model, rec.stream, rec.prompt_tokens = info.model, info.stream, info.prompt_tokens
         self.in_flight_requests += 1
         rec.offered = True
+        rec.n_tenant = tenant
         self.telemetry.arrival(tenant)
+        self.waiting_admission[id(rec)] = rec
         # the request runs in this (the server's) task; a watcher cancels it if the client goes away, which
         # gives the lease back or leaves the queue, and drops the upstream connection
         task = asyncio.current_task()
@@ -400,6 +409,8 @@ class Gateway:
         finally:
             watch.cancel()
             self.in_flight_requests -= 1
+            self.waiting_admission.pop(id(rec), None)
+            self.admitted.pop(id(rec), None)
             self._finish(rec, rec.status, rec.outcome)
 
     async def _serve(self, scope: Scope, send: Send, tenant: int, info: RequestInfo, raw: bytes, rec: Record) -> None:
@@ -433,6 +444,8 @@ class Gateway:
             raise
         rec.queue_wait_s = lease.waited_s
         self.metrics.admitted.inc(name)
+        self.waiting_admission.pop(id(rec), None)
+        self.admitted[id(rec)] = rec
         ran: bool | None = None  # stays None when the client left: the charge up front stands
         try:
             ran = await self._forward(scope, send, raw, rec)
@@ -465,16 +478,17 @@ class Gateway:
                 return True
             rec.started = True
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
-            events = 0
             usage: dict[str, Any] | None = None
             kept: list[bytes] | None = None if rec.stream else []
             kept_n = 0
             last = b""
+            # a stream's events so far, kept on the record: its footprint in the live Observation meanwhile
+            rec.output_tokens = 0
             while chunk := await resp.next_chunk():
                 if rec.ttft_s is None:
                     rec.ttft_s = self.clock() - rec.t0
                 if kept is None:
-                    events += chunk.count(b"data:")
+                    rec.output_tokens += chunk.count(b"data:")
                     if _USAGE_KEY in chunk:
                         usage = _stream_usage(chunk) or usage
                 elif kept_n < _MAX_KEEP:
@@ -486,9 +500,8 @@ class Gateway:
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if kept:
                 usage = _body_usage(kept[0] if len(kept) == 1 else b"".join(kept))
-            elif kept is None:
-                events -= 1 + (usage is not None)  # [DONE] and the usage event carry no token
-            rec.output_tokens = max(0, events)
+            elif kept is None:  # [DONE] and the usage event carry no token
+                rec.output_tokens = max(0, rec.output_tokens - 1 - (usage is not None))
             if usage:
                 rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
                 rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
@@ -598,13 +611,30 @@ class Gateway:
             m.e2e.observe(tenant, rec.e2e_s)
             if rec.output_tokens > 0:
                 m.ntpot.observe(tenant, rec.e2e_s / rec.output_tokens)
-        if rec.offered and rec.tenant is not None:
-            self.telemetry.finished(self.index[rec.tenant], outcome, rec.e2e_s, rec.ttft_s, rec.queue_wait_s)
+                m.output_tokens.add(rec.output_tokens, tenant)
+        if rec.offered and rec.tenant is not None and self.telemetry.finished(
+                self.index[rec.tenant], outcome, rec.e2e_s, rec.ttft_s, rec.queue_wait_s, rec.output_tokens):
+            m.good.inc(tenant)
         if self.request_log.path is not None:
             if rec.tenant is not None:
                 self.request_log.write(rec.line())
             else:
                 self._log_anonymous(rec)
+
+    def token_footprints(self) -> TenantTokens:
+        """Per tenant: prompt tokens waiting for admission, prompt tokens admitted with no first byte yet, and
+        prompt + streamed tokens admitted (core/observation.py's prompt_tokens_queued, prefill_tokens,
+        tokens_in_flight, from the gateway's own view of its requests)."""
+        n = len(self.names)
+        tok = TenantTokens.zeros(n)
+        for rec in self.waiting_admission.values():
+            tok.queued[rec.n_tenant] += rec.prompt_tokens
+        for rec in self.admitted.values():
+            t = rec.n_tenant
+            tok.in_flight[t] += rec.prompt_tokens + rec.output_tokens
+            if rec.ttft_s is None:
+                tok.prefill[t] += rec.prompt_tokens
+        return tok
 
     def _log_anonymous(self, rec: Record) -> None:
         """The line of a request that named no tenant, if the bucket allows it (module docstring)."""

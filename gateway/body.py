@@ -4,9 +4,11 @@ The body is forwarded unchanged; the gateway only reads the fields that admissio
 envelope target, ``stream``, ``max_tokens``, ``n`` and the prompt size for the token envelope) and rejects
 bodies a backend would choke on with a 400 that names the field. JSON nested deeper than ``MAX_JSON_DEPTH``
 is refused too (no OpenAI request needs it, and Python's parser would otherwise recurse until it fails).
-Prompt tokens are estimated as UTF-8 bytes / 4 (token id lists count exactly); the estimate only sizes the
-token envelope's charge up front (with ``max_tokens``, or the gateway's ``default_output_tokens`` when the
-body has none, times ``n``), which the gateway reconciles with the backend's ``usage`` when the request ends.
+Prompt tokens are estimated as the emulator estimates them (core/tokens.py: words and punctuation, Llama
+3's chat template; token id lists count exactly). The estimate sizes the token envelope's charge up front
+(with ``max_tokens``, or the gateway's ``default_output_tokens`` when the body has none, times ``n``), which
+the gateway reconciles with the backend's ``usage`` when the request ends, and the live Observation's token
+footprints.
 """
 
 from __future__ import annotations
@@ -15,7 +17,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-BYTES_PER_TOKEN = 4
+from admit.core.tokens import BOS_TOKENS, CHAT_ANSWER_HEADER_TOKENS, CHAT_TOKENS_PER_MESSAGE, estimate_text_tokens
+
 MAX_JSON_DEPTH = 64  # arrays and objects inside each other; an OpenAI chat body needs about 5
 MAX_CHOICES = 128  # the largest ``n`` accepted
 
@@ -68,7 +71,7 @@ def parse_json(raw: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
 
 
 def _text_tokens(text: str) -> int:
-    return max(1, len(text.encode("utf-8", "replace")) // BYTES_PER_TOKEN) if text else 0
+    return BOS_TOKENS + estimate_text_tokens(text)  # one prompt of text (core/tokens.py, the emulator's estimate)
 
 
 def _prompt_tokens(prompt: Any) -> int:
@@ -98,15 +101,15 @@ def _message_tokens(messages: Any) -> int:
             raise BadBody("every message must be an object with a string 'role'")
         content = m.get("content")
         if isinstance(content, str):
-            total += _text_tokens(content)
+            total += estimate_text_tokens(content)
         elif isinstance(content, list):
             for part in content:
                 if isinstance(part, dict) and isinstance(part.get("text"), str):
-                    total += _text_tokens(part["text"])
+                    total += estimate_text_tokens(part["text"])
         elif content is not None:
             raise BadBody("a message's 'content' must be a string, a list of parts, or null")
-        total += 4  # role and separators
-    return total
+        total += CHAT_TOKENS_PER_MESSAGE  # role header and end of turn
+    return BOS_TOKENS + CHAT_ANSWER_HEADER_TOKENS + total
 
 
 def parse_request(raw: bytes, chat: bool, default_output_tokens: int = 16) -> RequestInfo:

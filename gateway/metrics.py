@@ -81,6 +81,10 @@ class Counts(Collector):
         v = self.values
         v[labels] = v.get(labels, 0) + 1
 
+    def add(self, n: int, *labels: str) -> None:
+        v = self.values
+        v[labels] = v.get(labels, 0) + n
+
     def collect(self) -> Iterator[Metric]:
         fam = CounterMetricFamily(self.name, self.doc, labels=self.labelnames)
         for labels, n in list(self.values.items()):
@@ -110,6 +114,23 @@ class Histograms(Collector):
         yield fam
 
 
+class _TokenGauges(Collector):
+    def __init__(self, names: Sequence[str], read: Callable[[], Any]) -> None:
+        self._names, self._read = list(names), read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        tok = self._read()
+        for name, doc, values in (
+            ("prompt_tokens_queued", "prompt tokens of the tenant's requests waiting for admission", tok.queued),
+            ("prefill_tokens", "prompt tokens of its admitted requests with no first byte yet", tok.prefill),
+            ("tokens_in_flight", "prompt + streamed tokens of its admitted, unfinished requests", tok.in_flight),
+        ):
+            g = GaugeMetricFamily(PREFIX + name, doc, labels=["tenant"])
+            for tenant, v in zip(self._names, values, strict=True):
+                g.add_metric([tenant], float(v))
+            yield g
+
+
 class _Gauges(Collector):
     def __init__(self) -> None:
         self.items: list[tuple[str, str, Callable[[], float]]] = []
@@ -133,6 +154,10 @@ class GatewayMetrics:
             "too-many-connections, bad-http (gateway/guard.py)", ["event"], r)
         self.errors = Counts(PREFIX + "errors", "requests that hit a bug of the gateway, by exception type",
                              ["type"], r)
+        self.output_tokens = Counts(PREFIX + "output_tokens", "output tokens of completed requests (usage, else "
+                                    "streamed events)", ["tenant"], r)
+        self.good = Counts(PREFIX + "good_requests", "completed requests within every per-request objective of "
+                           "their tenant (the goodput's count)", ["tenant"], r)
         self.log_suppressed = Counts(
             PREFIX + "request_log_suppressed", "request-log lines of unauthenticated requests left out (rate limit)",
             [], r)
@@ -148,6 +173,10 @@ class GatewayMetrics:
     def gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         """A gauge without labels read at scrape time."""
         self._gauges.items.append((PREFIX + name, doc, read))
+
+    def token_gauges(self, names: Sequence[str], read: Callable[[], Any]) -> None:
+        """The per-tenant token footprints (``read()`` gives a core.telemetry.TenantTokens) at scrape time."""
+        self.registry.register(_TokenGauges(names, read))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -11,8 +11,15 @@ Three sources:
   parsed with prometheus_client's parser: ``vllm:kv_cache_usage_perc`` → ``gpu_mem_util`` (the token
   engine's KV usage, the same meaning as in the simulator), ``vllm:num_requests_running`` /
   ``vllm:num_requests_waiting`` → ``engine_running`` / ``engine_waiting`` (summed over engines, KV usage the
-  mean), and ``vllm:time_to_first_token_seconds`` → the engine's TTFT p50/p99 between two scrapes (reported
-  beside the Observation, not in it: the vector stays the simulator's).
+  mean), ``vllm:num_preemptions_total`` → ``preemptions`` in the window (the counter's growth), and
+  ``vllm:time_to_first_token_seconds`` → the engine's TTFT p50/p99 between two scrapes (reported beside the
+  Observation, not in it: the vector stays the simulator's).
+* **the gateway's own requests** for the token footprints (core/observation.py): prompt tokens of the
+  requests waiting for admission, of the admitted ones with no first byte yet, and prompt + streamed tokens
+  of every admitted one, from the gateway's prompt estimate (gateway/body.py) and the events it streamed
+  (a non-streamed answer counts its tokens when it ends); the app hands them over (`TenantTokens`).
+  Completions carry their output tokens (the backend's ``usage``, else the streamed events), so the windows
+  give TPOT, output tokens/s and goodput exactly as the simulator's. With Redis these are this replica's.
 * **NVML** (nvidia-ml-py) for GPU memory used/total per device, reported beside the Observation and used as
   ``gpu_mem_util`` only when the backend exports no KV usage. Without a GPU or driver the state is
   ``{"available": false, "reason": ...}``, logged once; nothing fails.
@@ -36,14 +43,16 @@ from typing import Any
 import aiohttp
 from admit.core.observation import Observation
 from admit.core.percentiles import histogram_quantile
+from admit.core.slo import is_good, tpot
 from admit.core.spec import ControlSpec, Limits, TenantSpec
-from admit.core.telemetry import TenantWindows, build_observation
+from admit.core.telemetry import PreemptionWindow, TenantTokens, TenantWindows, build_observation
 from admit.gateway.config import GatewayConfig
 from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger("admit.gateway.telemetry")
 
 KV = "vllm:kv_cache_usage_perc"
+PREEMPTIONS = "vllm:num_preemptions_total"
 RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 TTFT = "vllm:time_to_first_token_seconds"
@@ -69,7 +78,7 @@ def gateway_spec(cfg: GatewayConfig) -> ControlSpec:
 def parse_engine_metrics(text: str) -> dict[str, Any]:
     """The gauges and the TTFT histogram's cumulative buckets from a Prometheus text page."""
     kv: list[float] = []
-    running = waiting = 0.0
+    running = waiting = preemptions = 0.0
     seen: set[str] = set()
     buckets: dict[float, float] = {}
     for fam in text_string_to_metric_families(text):
@@ -80,6 +89,8 @@ def parse_engine_metrics(text: str) -> dict[str, Any]:
                 running += s.value
             elif s.name == WAITING:
                 waiting += s.value
+            elif s.name == PREEMPTIONS:
+                preemptions += s.value
             elif s.name == TTFT + "_bucket":
                 le = float(s.labels["le"])
                 buckets[le] = buckets.get(le, 0.0) + s.value
@@ -90,6 +101,7 @@ def parse_engine_metrics(text: str) -> dict[str, Any]:
         "kv": sum(kv) / len(kv) if kv else None,
         "running": running if RUNNING in seen else None,
         "waiting": waiting if WAITING in seen else None,
+        "preemptions": preemptions if PREEMPTIONS in seen else None,
         "ttft_buckets": sorted(buckets.items()),
     }
 
@@ -153,13 +165,16 @@ class LiveTelemetry:
         self.cfg = cfg.telemetry
         self.spec = gateway_spec(cfg)
         self.names = [t.name for t in cfg.tenants]
-        self.windows = [TenantWindows(self.cfg.window_s, (t.slo_e2e_p99_s, t.slo_ttft_p99_s))
+        self.windows = [TenantWindows(self.cfg.window_s, (t.slo_e2e_p99_s, t.slo_ttft_p99_s), t.request_bounds)
                         for t in self.spec.tenants]
+        self._bounds = [t.request_bounds for t in self.spec.tenants]
+        self._preemptions = PreemptionWindow(self.cfg.window_s)
         self.url = self.cfg.metrics_url or backend_url.rstrip("/") + "/metrics"
         self.clock = time.monotonic
         self.t0 = self.clock()
         self.last_ok: float | None = None
-        self.engine: dict[str, Any] = {"kv": None, "running": None, "waiting": None, "ttft_buckets": []}
+        self.engine: dict[str, Any] = {"kv": None, "running": None, "waiting": None, "preemptions": None,
+                                       "ttft_buckets": []}
         self.engine_ttft: dict[str, float | None] = {"p50": None, "p99": None}
         self.scrapes = self.scrape_errors = self.stale_reads = 0
         self.last_error = ""
@@ -174,15 +189,22 @@ class LiveTelemetry:
     def arrival(self, tenant: int) -> None:
         self.windows[tenant].on_arrival(self.clock() - self.t0)
 
-    def finished(self, tenant: int, outcome: str, e2e_s: float, ttft_s: float | None, wait_s: float | None) -> None:
+    def finished(self, tenant: int, outcome: str, e2e_s: float, ttft_s: float | None, wait_s: float | None,
+                 output_tokens: int = 0) -> bool:
+        """Enter a request's end into its tenant's windows; True when it was good (core/slo.py)."""
         now = self.clock() - self.t0
         w = self.windows[tenant]
+        good = False
         if outcome == "ok":
-            w.on_completion(now, e2e_s, e2e_s if ttft_s is None else ttft_s, wait_s or 0.0)
+            ttft = e2e_s if ttft_s is None else ttft_s
+            per_token = tpot(e2e_s, ttft, output_tokens)
+            good = is_good(ttft, per_token, e2e_s, self._bounds[tenant])
+            w.on_completion(now, e2e_s, ttft, wait_s or 0.0, per_token, output_tokens, good)
         elif outcome in DROPS:
             w.on_drop(now)
         elif outcome in REJECTIONS:
             w.on_rejection(now)
+        return good
 
     # ----------------------------------------------------------------- scraping
     async def start(self) -> None:
@@ -222,6 +244,8 @@ class LiveTelemetry:
             self.engine = got
             self.scrapes += 1
             self.last_ok = self.clock()
+            if got["preemptions"] is not None:
+                self._preemptions.add(self.last_ok - self.t0, float(got["preemptions"]))
         if self.nvml is not None:
             self.gpu = self.nvml.read()
 
@@ -229,7 +253,10 @@ class LiveTelemetry:
     def stale(self, now: float) -> bool:
         return self.last_ok is None or now - self.last_ok > self.cfg.stale_after_s
 
-    def observation(self, snapshot: dict[str, Any]) -> tuple[Observation, dict[str, Any]]:
+    def observation(self, snapshot: dict[str, Any],
+                    tokens: TenantTokens | None = None) -> tuple[Observation, dict[str, Any]]:
+        """The Observation now, from the admission ``snapshot``, the gateway's ``tokens`` footprints and the
+        last scrape; and what the scrape looked like (``info``)."""
         now = self.clock()
         e = self.engine
         running = float(e["running"] or 0.0)
@@ -249,8 +276,9 @@ class LiveTelemetry:
                 self._stale_logged = True
         else:
             self._stale_logged = False
+        preemptions = self._preemptions.count(now - self.t0)
         obs = build_observation(now - self.t0, self.spec, self.windows, _Counts(snapshot, self.names),
-                                mem, running, waiting)
+                                mem, running, waiting, tokens, preemptions)
         info = {
             "stale": stale,
             "age_s": None if self.last_ok is None else now - self.last_ok,

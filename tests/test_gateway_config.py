@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 import pytest
+from admit.core.tokens import estimate_chat_tokens
 from admit.gateway.body import BadBody, parse_request
 from admit.gateway.config import ConfigError, load_config, parse_config
 
@@ -61,11 +63,17 @@ def test_load_config_file_errors(tmp_path: Path) -> None:
 
 
 def test_request_body_validation_and_estimate() -> None:
+    # the emulator's estimate (core/tokens.py): a long word is two pieces, plus the beginning-of-text token
     info = parse_request(b'{"model":"m","prompt":"abcdefgh","max_tokens":10,"stream":true}', chat=False)
-    assert (info.model, info.stream, info.prompt_tokens, info.cost_tokens) == ("m", True, 2, 12)
+    assert (info.model, info.stream, info.prompt_tokens, info.cost_tokens) == ("m", True, 3, 13)
     assert parse_request(b'{"model":"m","prompt":[1,2,3]}', chat=False).prompt_tokens == 3
     chat = parse_request(b'{"model":"m","messages":[{"role":"user","content":"abcd"}]}', chat=True)
-    assert chat.prompt_tokens == 1 + 4 and chat.max_tokens == 16
+    # beginning of text + the answer's header + (the message's header and end + one word)
+    assert chat.prompt_tokens == 1 + 4 + (4 + 1) and chat.max_tokens == 16
+    messages = [{"role": "system", "content": "Be brief, please."}, {"role": "user", "content": "hello " * 30}]
+    assert parse_request(json.dumps({"model": "m", "messages": messages}).encode(), chat=True).prompt_tokens == (
+        estimate_chat_tokens([{"text": m["content"]} for m in messages]))  # exactly what the emulator counts
+    assert parse_request(b'{"model":"m","prompt":"' + b" hello" * 50 + b'"}', chat=False).prompt_tokens == 51
     for bad in (b"[]", b"{", b'{"prompt":"x"}', b'{"model":"m","prompt":"x","max_tokens":"9"}',
                 b'{"model":"m","prompt":"x","stream":"yes"}', b'{"model":"m","prompt":{}}'):
         with pytest.raises(BadBody):
