@@ -15,7 +15,7 @@ import gymnasium
 import numpy as np
 import pytest
 from admit.envs.env import FEATURES, TenantAdmissionEnv, observation_table
-from admit.envs.registration import ENV_ID, scenario_env_id
+from admit.envs.registration import ENV_ID, ENV_ID_V0, scenario_env_id
 from admit.envs.scenario import bundled_scenarios, load_scenario
 from admit.envs.simulation import decision_count
 from gymnasium.utils.env_checker import check_env
@@ -97,7 +97,7 @@ def test_a_scenarios_id_truncates_exactly_where_its_horizon_does(name: str) -> N
     env = gymnasium.make(scenario_env_id(name))
     steps = env.spec.max_episode_steps
     assert steps == env.unwrapped.max_episode_steps == decision_count(sc) == math.ceil(sc.horizon_s / sc.interval_s)
-    assert env.spec.kwargs == {"scenario": name} and env.unwrapped.scenario == sc
+    assert env.spec.kwargs == {"scenario": name, "layout": 2} and env.unwrapped.scenario == sc
     env.reset(seed=0)
     hold = np.full(env.action_space.shape, sc.limits.max_step, dtype=np.int64)
     for k in range(1, steps + 1):
@@ -132,7 +132,9 @@ def test_checkers_pass_on_a_scenarios_id_without_warnings() -> None:
 
 def test_every_bundled_scenario_has_an_id() -> None:
     ids = {k for k in gymnasium.registry if k.startswith("admit/")}
-    assert ids == {ENV_ID, *(scenario_env_id(n) for n in bundled_scenarios())}
-    assert all(re.fullmatch(r"admit/TenantAdmission-[\w.-]+-v0", i) for i in ids - {ENV_ID})
-    for i in ids - {ENV_ID}:  # Gymnasium reads the scenario into the name, v0 as the version
-        assert gymnasium.registry[i].version == 0 and gymnasium.registry[i].namespace == "admit"
+    generic = {ENV_ID, ENV_ID_V0}
+    assert ids == generic | {scenario_env_id(n, v) for n in bundled_scenarios() for v in (0, 1)}
+    assert all(re.fullmatch(r"admit/TenantAdmission-[\w.-]+-v[01]", i) for i in ids - generic)
+    for i in ids:  # Gymnasium reads the scenario into the name, v0/v1 as the version; v0 is layout 1
+        spec = gymnasium.registry[i]
+        assert spec.namespace == "admit" and spec.kwargs["layout"] == {0: 1, 1: 2}[spec.version]
