@@ -37,6 +37,7 @@ TINY = {
         }
     ],
 }
+SHIPPED = ("h200-mixed", "h200-azure-2023", "servegen-skewed", "h200-live-small", "seed-paper", "long-context-chat")
 
 
 @pytest.fixture
@@ -189,6 +190,72 @@ def test_caps_above_a_limit_that_never_bound_are_the_same_episode():
 
 
 # ------------------------------------------------------------------------------------------ static:best
+def _shipped(name: str) -> dict:
+    return json.loads((tune.shipped_dir() / f"{name}.json").read_text())
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_caps_are_fresh_and_disjoint_from_evaluation_seeds(name):
+    data = _shipped(name)
+    sc = load_scenario(data["source"])
+    assert data["fingerprint"] == tune.fingerprint(sc), (
+        f"{name} changed since its caps were tuned: admit tune-static --scenario {name} --workers 2 "
+        f"--out evaluate/static_best/{name}.json"
+    )
+    assert tuple(data["seeds"]) == tune.TUNING_SEEDS  # never an evaluation seed of admit evaluate (0..N-1)
+    assert data["goodput_rps"] >= data["plain_static"]["goodput_rps"]
+    assert data["command"].startswith(f"admit tune-static --scenario {name} ") and data["wall_s"] > 0
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_caps_reproduce_their_goodput(name):
+    """The stored episodes replay: the simulator has not changed under the caps (else retune and ship again)."""
+    data = _shipped(name)
+    seed = data["seeds"][0]
+    got = rollout(load_scenario(name), data["policy"], seed)["goodput_rps"]
+    assert got == pytest.approx(_per_seed(data, seed)), (
+        f"the simulator's goodput for {name}'s caps moved: admit tune-static --scenario {name} --workers 2 "
+        f"--out evaluate/static_best/{name}.json"
+    )
+
+
+def _per_seed(data: dict, seed: int) -> float:
+    (point,) = [p for p in data["points"] if p["caps"] == data["best"]["caps"]]
+    return point["goodput_rps_per_seed"][str(seed)]
+
+
+def test_static_best_resolves_the_shipped_caps_unbound_and_bound(cache, capsys):
+    sc = load_scenario("h200-live-small")
+    caps = tuple(_shipped("h200-live-small")["best"]["caps"])
+    unbound = make_controller("static:best")  # as admit evaluate makes it: it sees only the spec
+    unbound.reset(sc.control_spec(), 0)
+    bound = make_controller("static:best", scenario=sc)
+    bound.reset(sc.control_spec(), 0)
+    for c in (unbound, bound):
+        assert c.name == "static:best" and tuple(c.cap) == caps
+        assert c.tuned.path.parent == tune.shipped_dir()
+    assert "tuning now" not in capsys.readouterr().err and not cache.exists()
+    # and it is exactly the static policy at those caps
+    assert rollout(sc, "static:best", 3) == rollout(sc, tune.static_policy(caps), 3)
+
+
+def test_static_best_retunes_a_changed_scenario_with_a_message_and_caches_it(cache, capsys):
+    short = load_scenario("h200-live-small", horizon_s=20)  # not the world the shipped caps were tuned on
+    c = make_controller("static:best", scenario=short)
+    c.reset(short.control_spec(), 0)
+    err = capsys.readouterr().err
+    assert "stale" in err and "h200-live-small.json" in err and "tuning now on seeds 900000..900004" in err
+    path = tune.cache_path(short)
+    assert c.tuned.path == path and path.is_file()
+    data = json.loads(path.read_text())
+    assert data["fingerprint"] == tune.fingerprint(short) and data["seeds"] == list(tune.TUNING_SEEDS)
+    # a new process (nothing remembered) finds the cached caps and tunes nothing
+    tune._RESOLVED.clear()
+    again = make_controller("static:best", scenario=short)
+    again.reset(short.control_spec(), 0)
+    assert again.cap == c.cap and "tuning now" not in capsys.readouterr().err
+
+
 def test_static_best_refuses_its_own_tuning_seeds(cache):
     sc = load_scenario("h200-live-small")
     c = make_controller("static:best", scenario=sc)
