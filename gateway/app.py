@@ -66,6 +66,7 @@ STEP_HEADER = b"x-admit-step-id"
 _HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"server", b"date"})
 _COMPLETIONS = {"/v1/completions": False, "/v1/chat/completions": True}
 _USAGE_KEY = b'"usage"'
+_STREAM_END = b"data: [DONE]"
 _MAX_KEEP = 1 << 20  # bytes of a non-streamed answer kept to read its usage
 
 
@@ -497,17 +498,16 @@ class Gateway:
                 if resp.done:  # the backend's last bytes: they go out with the end of the answer, one write
                     last = chunk
                     break
+                if kept is None and not rec.finished and _STREAM_END in chunk:
+                    # the client stops reading at [DONE] and may hang up before the backend's last bytes
+                    # (a chunked stream's terminator can come in a later read): the request is done here
+                    self._end_stream(rec, resp.status, usage)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
             if kept:
                 usage = _body_usage(kept[0] if len(kept) == 1 else b"".join(kept))
-            elif kept is None:  # [DONE] and the usage event carry no token
-                rec.output_tokens = max(0, rec.output_tokens - 1 - (usage is not None))
-            if usage:
-                rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
-                rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
-            rec.outcome = "ok" if resp.status < 400 else "backend-status"
-            rec.finished = True
-            self._finish(rec, rec.status, rec.outcome)  # logged before the client can have the whole answer
+                self._end_stream(rec, resp.status, usage)
+            elif not rec.finished:
+                self._end_stream(rec, resp.status, usage)
             await send({"type": "http.response.body", "body": last, "more_body": False})
         except BackendBroken as exc:
             ok = False
@@ -522,6 +522,18 @@ class Gateway:
             else:  # broken, or cancelled because the client left: drop the connection, the backend stops
                 resp.close()
         return True
+
+    def _end_stream(self, rec: Record, status: int, usage: dict[str, Any] | None) -> None:
+        """A proxied answer is complete: its token figures (the backend's usage, else the events counted:
+        [DONE] and a usage-only event carry no token), outcome and log line, before its last byte is sent."""
+        if rec.stream:
+            rec.output_tokens = max(0, rec.output_tokens - 1 - (usage is not None))
+        if usage:
+            rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
+            rec.output_tokens = int(usage.get("completion_tokens") or rec.output_tokens)
+        rec.outcome = "ok" if status < 400 else "backend-status"
+        rec.finished = True
+        self._finish(rec, rec.status, rec.outcome)
 
     async def _whole(self, send: Send, resp: Response, headers: list[tuple[bytes, bytes]], rec: Record) -> bool:
         """A non-streamed answer of known length: read it whole, then send it with its length in one piece.

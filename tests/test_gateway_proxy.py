@@ -185,3 +185,68 @@ def test_backend_restart_is_served_again(tmp_path: Path) -> None:
     finally:
         g.stop()
         m.stop()
+
+
+class _HeldTerminator:
+    """A streaming backend that sends a whole SSE answer, [DONE] included, as one chunk and holds back the
+    chunked encoding's terminator until ``release``: as llama.cpp's server may, in a later write."""
+
+    def __init__(self) -> None:
+        import threading
+
+        self.release = threading.Event()
+        self._srv = socket.create_server(("127.0.0.1", 0))
+        self.url = f"http://127.0.0.1:{self._srv.getsockname()[1]}"
+        self._thread = threading.Thread(target=self._serve, daemon=True)
+        self._thread.start()
+
+    def _serve(self) -> None:
+        import threading
+
+        while True:
+            try:
+                conn, _ = self._srv.accept()
+            except OSError:  # stopped
+                return
+            threading.Thread(target=self._answer, args=(conn,), daemon=True).start()
+
+    def _answer(self, conn: socket.socket) -> None:
+        with conn:
+            head = b""
+            while b"\r\n\r\n" not in head:
+                if not (got := conn.recv(65536)):
+                    return
+                head += got
+            if not head.startswith(b"POST /v1/completions"):  # the gateway's probes of its backend
+                conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\nconnection: close\r\n\r\n{}")
+                return
+            events = b"".join(b'data: {"choices":[{"index":0,"text":"t%d"}]}\n\n' % i for i in range(3))
+            events += b"data: [DONE]\n\n"
+            conn.sendall(b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\ntransfer-encoding: chunked\r\n\r\n"
+                         + b"%x\r\n%s\r\n" % (len(events), events))
+            self.release.wait(30)
+            conn.sendall(b"0\r\n\r\n")
+
+    def stop(self) -> None:
+        self.release.set()
+        self._srv.close()
+
+
+def test_a_client_that_hangs_up_at_done_is_logged_ok(tmp_path: Path) -> None:
+    """The official client stops reading at [DONE] and closes; if the backend's last bytes come later the
+    request is still complete: outcome ok with its tokens, not a client disconnect (CI caught this race
+    with llama.cpp)."""
+    backend = _HeldTerminator()
+    g = GatewayProcess(tmp_path, backend.url, {"tenants": [tenant_cfg("alpha", limit=1)]})
+    try:
+        c = client(g)
+        stream = c.completions.create(model="m", prompt="hi", max_tokens=3, stream=True)
+        assert [ch.choices[0].text for ch in stream] == ["t0", "t1", "t2"]
+        stream.close()
+        line = wait_for(lambda: g.request_log(), 10, "the request's log line")[0]
+        assert (line["outcome"], line["status"], line["output_tokens"]) == ("ok", 200, 3)
+        backend.release.set()
+        wait_for(lambda: g.state()["tenants"]["alpha"]["in_flight"] == 0, 10, "the lease to come back")
+    finally:
+        backend.stop()
+        g.stop()
