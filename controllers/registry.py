@@ -16,6 +16,12 @@ from typing import TYPE_CHECKING, Any
 from admit.controllers.aimd import AIMDController
 from admit.controllers.differentiated import DifferentiatedController
 from admit.controllers.envoy import EnvoyGradientController
+from admit.controllers.field import (
+    DynamoWdrrController,
+    LlmdShedController,
+    LlmdSoftController,
+    VllmTokenCapController,
+)
 from admit.controllers.gradient2 import Gradient2Controller
 from admit.controllers.naive import NaiveController
 from admit.controllers.robust import RobustController
@@ -85,6 +91,10 @@ _FACTORIES: dict[str, Callable[[str | None], Controller]] = {
     "gradient2": _no_arg(Gradient2Controller),
     "envoy": _no_arg(EnvoyGradientController),
     "saturation": _no_arg(SaturationGateController),
+    "llmd-shed": _no_arg(LlmdShedController),
+    "llmd-soft": _no_arg(LlmdSoftController),
+    "vllm-tokencap": _no_arg(VllmTokenCapController),
+    "dynamo-wdrr": _no_arg(DynamoWdrrController),
     **{name: _robust(name) for name in _ROBUST_ABLATIONS},
 }
 
