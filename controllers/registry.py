@@ -27,6 +27,7 @@ from admit.controllers.naive import NaiveController
 from admit.controllers.robust import RobustController
 from admit.controllers.saturation import SaturationGateController
 from admit.controllers.static import StaticController
+from admit.controllers.token import TokenLedgerController
 from admit.core.controller import Controller
 
 if TYPE_CHECKING:
@@ -49,6 +50,16 @@ def _static(arg: str | None) -> Controller:
     c = StaticController(caps[0] if len(caps) == 1 else caps)
     c.name = f"static:{arg}"
     return c
+
+
+def _token(arg: str | None) -> Controller:
+    if arg is None:
+        return TokenLedgerController()
+    if arg == "best":  # static:best's caps as quotas: borrow above them, give back first
+        from admit.evaluate.tune import BestStatic  # imported on use: it reaches the simulator to tune
+
+        return TokenLedgerController(base=BestStatic())
+    raise ValueError(f"policy 'token' takes no argument or 'best', got {arg!r}")
 
 
 def _no_arg(cls: Any) -> Callable[[str | None], Controller]:  # a controller class with a name
@@ -95,6 +106,7 @@ _FACTORIES: dict[str, Callable[[str | None], Controller]] = {
     "llmd-soft": _no_arg(LlmdSoftController),
     "vllm-tokencap": _no_arg(VllmTokenCapController),
     "dynamo-wdrr": _no_arg(DynamoWdrrController),
+    "token": _token,
     **{name: _robust(name) for name in _ROBUST_ABLATIONS},
 }
 

@@ -59,15 +59,24 @@ HAND_POLICIES = (
     "naive",
     "differentiated",
     "robust",
+    "aimd",
+    "gradient2",
+    "envoy",
+    "saturation",
+    "llmd-shed",
+    "llmd-soft",
+    "vllm-tokencap",
+    "dynamo-wdrr",
+    "token",
+    "token:best",
+)
+# robust's ablations (controllers/robust.py) answer a question of the seed study: they run on its scenario only
+ABLATIONS = (
     "robust-no-confidence",
     "robust-global",
     "robust-symmetric",
     "robust-no-context",
     "robust-no-interference",
-    "aimd",
-    "gradient2",
-    "envoy",
-    "saturation",
 )
 
 
@@ -121,7 +130,8 @@ def llm_url() -> str | None:
 def policies_for(scenario: str) -> list[str]:
     """The baseline first (`baseline`), plain static next, then every other policy of the table."""
     first = [baseline(scenario)[0], STATIC]
-    pols = list(dict.fromkeys(first)) + [p for p in HAND_POLICIES if p not in first] + learned_policies(scenario)
+    hand = HAND_POLICIES + (ABLATIONS if scenario == REPRODUCTION else ())
+    pols = list(dict.fromkeys(first)) + [p for p in hand if p not in first] + learned_policies(scenario)
     url = llm_url()
     if url and scenario == LLM_SCENARIO:
         pols.append(f"llm:{url}")

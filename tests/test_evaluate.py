@@ -135,6 +135,7 @@ def test_results_report_with_the_llm_policy_on_seed_paper(monkeypatch, tmp_path)
     from llm_scripted_server import ScriptedServer, reply
 
     monkeypatch.setattr(results, "HAND_POLICIES", ("static", "naive"))  # keep the test fast
+    monkeypatch.setattr(results, "ABLATIONS", ())
     monkeypatch.setattr(results, "baseline", lambda scenario: ("static", None))  # and no tuning of static:best
     monkeypatch.delenv("ADMIT_LLM_LOG", raising=False)
     monkeypatch.delenv("ADMIT_LLM_EVERY", raising=False)
@@ -338,6 +339,7 @@ def test_results_put_static_best_first_where_the_registry_makes_it(monkeypatch):
 
     monkeypatch.delenv("ADMIT_LLM_URL", raising=False)
     monkeypatch.setattr(results, "HAND_POLICIES", ("static", "naive", "robust"))
+    monkeypatch.setattr(results, "ABLATIONS", ())
     # today (no static:best in the registry): plain static is the baseline and the note says why
     try:
         make_controller("static:best")
