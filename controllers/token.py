@@ -32,8 +32,9 @@ its miss share ≤ ``healthy_frac`` × miss_target over ≥ ``min_samples`` requ
 Σ_i (limit_i − quota_i)⁺·f_i stays ≤ ``borrow_frac``·K, because a lent request comes back only when it
 ends; an unused loan is returned (``cut_below=True``, an ablation, lets a tenant with no TTFT/TPOT
 objective be cut below its quota too, and returns it after hold_s). Without token features (slot engine)
-f_i = 1 and the ledgers never bind. The defaults were checked on family training instances (h200-mix@2, @4,
-@6, @8: docs/controllers.md), not on the scenarios RESULTS judges. No randomness.
+f_i = 1 and the ledgers never bind. The lending defaults came from a first look at h200-mixed and
+h200-azure-2023 in 600-900 s episodes on seeds 1000+ and were checked on family training instances
+(h200-mix@2, @4, @6; docs/controllers.md has both). No randomness.
 """
 
 from __future__ import annotations
