@@ -57,6 +57,9 @@ def results(
     ),
     workers: int = typer.Option(2, min=1, help="worker processes"),
     out: Path = typer.Option(Path("docs/RESULTS.md"), help="the report to write"),
+    render_only: bool = typer.Option(
+        False, help="write the report from the JSON an earlier run left beside it, without running anything"
+    ),
 ) -> None:
     """Regenerate docs/RESULTS.md: every policy × the results scenarios on goodput, CIs, p-values and verdicts vs
     static:best, per-tenant figures, Pareto plots."""
@@ -67,7 +70,8 @@ def results(
     try:
         with Progress(transient=True) as bar:
             task = bar.add_task("results", total=None)
-            build(seeds, chosen, workers, out, progress=lambda i, n: bar.update(task, completed=i, total=n))
+            build(seeds, chosen, workers, out, progress=lambda i, n: bar.update(task, completed=i, total=n),
+                  render_only=render_only)
     except ValueError as e:  # a scenario that does not load (ScenarioError) or a policy that cannot run
         _fail(str(e))
     typer.echo(f"wrote {out}")

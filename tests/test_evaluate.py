@@ -401,6 +401,18 @@ def test_results_report_on_any_scenario_load_scenario_accepts(monkeypatch, tmp_p
     assert "Pareto vs static" not in text  # the p99 verdict is the seed-paper reproduction's only
     assert "no tenant's attainment is lower by more than one point" in text  # the rule, in the header
     assert re.search(r"\| (\*\*(wins|ties|loses)\*\*) \| goodput [+-]", text)
+    # the summary row: the baseline's goodput, the verdict counts, the best adaptive policy (robust: the only one)
+    row = next(line for line in text.splitlines() if line.startswith(f"| {path} | `static` "))
+    g = data["policies"]["robust"]["goodput_rps"]["mean"] / data["policies"]["static"]["goodput_rps"]["mean"]
+    assert "`robust` " in row and f"({g:.3f}×)" in row
+    assert data["wall_s"] > 0 and re.search(rf"{re.escape(str(path))} \d+ s \(3 policies\)", text)
+    # the report again from the JSON, nothing run: the same text (the date aside)
+    (res / "mixed-short.png").unlink()
+    monkeypatch.setattr(results, "evaluate", None)  # would fail if called
+    again = results.build(2, [str(path)], 1, out, render_only=True)
+    assert again == text and (res / "mixed-short.png").exists()
+    with pytest.raises(ValueError, match="has 2 seeds, not the 3"):
+        results.build(3, [str(path)], 1, out, render_only=True)
 
 
 def test_cli_evaluate_on_a_shorter_horizon_and_results_refuse_an_unknown_scenario(tmp_path):
