@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import re
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -66,7 +67,7 @@ def write_trace(scenario: Scenario, requests: list[Request], path: Path) -> None
                                  "output_tokens": r.output_tokens}) + "\n")
 
 
-def nearest_rank(values: list[float], q: float) -> float | None:
+def nearest_rank(values: Sequence[float], q: float) -> float | None:
     """The nearest-rank percentile (the sample of rank ceil(q/100 · n)), the definition `admit loadgen` reports.
 
     numpy's default interpolates between samples; for a p99 of 185 requests that lies between the third and
