@@ -59,7 +59,7 @@ _floats = cast("Callable[[], array[float]]", partial(array, "d"))
 
 @dataclass
 class TenantTotals:
-    """Counts of one tenant over an episode (or over one decision interval)."""
+    """Counts of one tenant over an episode, and its completions' latencies."""
 
     arrived: int = 0
     completed: int = 0
@@ -72,6 +72,24 @@ class TenantTotals:
     e2e: array[float] = field(default_factory=_floats)
     ttft: array[float] = field(default_factory=_floats)
     tpot: array[float] = field(default_factory=_floats)
+
+
+@dataclass(slots=True)
+class IntervalCounts:
+    """One tenant's counts over one decision interval (``Simulation.take_interval_totals``)."""
+
+    arrived: int = 0
+    completed: int = 0
+    dropped: int = 0
+    rejected: int = 0
+    slo_violations: int = 0
+    good: int = 0
+    output_tokens: int = 0
+
+    def __sub__(self, o: IntervalCounts) -> IntervalCounts:
+        return IntervalCounts(self.arrived - o.arrived, self.completed - o.completed, self.dropped - o.dropped,
+                              self.rejected - o.rejected, self.slo_violations - o.slo_violations,
+                              self.good - o.good, self.output_tokens - o.output_tokens)
 
 
 def draw_requests(scenario: Scenario, seed: int) -> list[Request]:
@@ -177,7 +195,7 @@ class Simulation:
         self._queued_tokens = [0.0] * n  # prompt tokens of each tenant's requests in the admission queue
         self._preemptions = PreemptionWindow(scenario.window_s)
         self.totals = [TenantTotals() for _ in range(n)]
-        self.interval_totals = [TenantTotals() for _ in range(n)]
+        self._taken = [IntervalCounts() for _ in range(n)]  # the totals' counts at the last take_interval_totals
         slo = [(t.slo_e2e_p99_s, t.slo_ttft_p99_s) for t in self.spec.tenants]
         self._slo = slo
         self._bounds = [t.request_bounds for t in self.spec.tenants]  # per-request (ttft, tpot, e2e)
@@ -185,8 +203,8 @@ class Simulation:
 
     def _bind_per_tenant(self) -> None:
         """What ``_finish`` needs of each tenant, in one tuple (it runs once per completed request)."""
-        self._per_tenant = [(tot, it, *b, *slo, w.on_completion) for tot, it, b, slo, w in zip(
-            self.totals, self.interval_totals, self._bounds, self._slo, self.windows, strict=True)]
+        self._per_tenant = [(tot, *b, *slo, w.on_completion) for tot, b, slo, w in zip(
+            self.totals, self._bounds, self._slo, self.windows, strict=True)]
 
     def _clock(self) -> float:
         return self.now
@@ -247,11 +265,15 @@ class Simulation:
             self._tokens(), self._preempted(),
         )
 
-    def take_interval_totals(self) -> list[TenantTotals]:
-        """Counts since the last call (for per-interval rewards)."""
-        out = self.interval_totals
-        self.interval_totals = [TenantTotals() for _ in out]
-        self._bind_per_tenant()
+    def take_interval_totals(self) -> list[IntervalCounts]:
+        """Counts since the last call (for per-interval rewards): differences of the episode totals, so the
+        event paths count once."""
+        out = []
+        for i, tot in enumerate(self.totals):
+            now = IntervalCounts(tot.arrived, tot.completed, tot.dropped, tot.rejected, tot.slo_violations,
+                                 tot.good, tot.output_tokens)
+            out.append(now - self._taken[i])
+            self._taken[i] = now
         return out
 
     # ------------------------------------------------------------------ the decision loop
@@ -345,7 +367,6 @@ class Simulation:
     def _arrive(self, r: Request, t: float) -> None:
         k = r.tenant
         self.totals[k].arrived += 1
-        self.interval_totals[k].arrived += 1
         self.windows[k].on_arrival(t)
         res = self.core.offer(k, r)
         if res is Offer.ADMITTED:
@@ -355,18 +376,16 @@ class Simulation:
             self._queued_tokens[k] += r.prompt_tokens
         elif res is Offer.REJECTED:
             self.totals[k].rejected += 1
-            self.interval_totals[k].rejected += 1
             self.windows[k].on_rejection(t)
 
     def _drop(self, k: int, r: Request, t: float) -> None:
         self._queued_tokens[k] -= r.prompt_tokens
         self.totals[k].dropped += 1
-        self.interval_totals[k].dropped += 1
         self.windows[k].on_drop(t)
 
     def _finish(self, r: Request, t: float) -> None:
         k = r.tenant
-        tot, it, b_ttft, b_tpot, b_e2e, slo_e2e, slo_ttft, on_completion = self._per_tenant[k]
+        tot, b_ttft, b_tpot, b_e2e, slo_e2e, slo_ttft, on_completion = self._per_tenant[k]
         arrival = r.arrival
         e2e = t - arrival
         ttft = r.first_token - arrival
@@ -377,15 +396,11 @@ class Simulation:
         tot.e2e.append(e2e)
         tot.ttft.append(ttft)
         tot.tpot.append(per_token)
-        it.completed += 1
-        it.output_tokens += out
         good = ttft <= b_ttft and per_token <= b_tpot and e2e <= b_e2e  # core.slo.is_good
         if good:
             tot.good += 1
-            it.good += 1
         if e2e > slo_e2e or ttft > slo_ttft:
             tot.slo_violations += 1
-            it.slo_violations += 1
         on_completion(t, e2e, ttft, r.dispatched - arrival, per_token, out, good)
         nxt = self.core.release(k)
         if nxt is not None:
