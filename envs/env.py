@@ -172,10 +172,13 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
 
     Per interval of Δ = ``interval_s`` seconds, with weights ``w`` from the scenario's ``reward`` block:
 
-        w.throughput · completions / Δ − w.slo_violation · slo_violations / Δ − w.drop · (drops + rejections) / Δ
-        − w.cost · Σ limits / (n · limits.max) − w.change · Σ |new limit − old limit|
+        w.throughput · completions / Δ + w.goodput · good / Δ − w.slo_violation · slo_violations / Δ
+        − w.drop · (drops + rejections) / Δ − w.cost · Σ limits / (n · limits.max)
+        − w.change · Σ |new limit − old limit|
 
-    A completion over its tenant's e2e or TTFT objective is a violation. seed-paper weighs throughput 1,
+    A completion over its tenant's e2e or TTFT objective is a violation; a *good* request completed within
+    every per-request objective of its tenant (``ttft_s``, ``tpot_s``, ``e2e_s``: what goodput counts).
+    ``goodput`` weighs 0 unless the scenario or the training config sets it. seed-paper weighs throughput 1,
     violations 0.5, drops 1, cost and change 0. Every term is in ``info["reward_terms"]``; ``info`` also
     has ``limits``, ``time_s``, ``completions``, ``drops``, ``slo_violations`` and ``p99_s`` (the largest
     tenant e2e p99 of the window).
@@ -349,14 +352,16 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         before = sim.limits
         limits = sim.step(deltas)
         dt = sc.interval_s
-        completions = violations = lost = 0
+        completions = violations = lost = good = 0
         for t in sim.take_interval_totals():
             completions += t.completed
             violations += t.slo_violations
             lost += t.dropped + t.rejected
+            good += t.good
         w = sc.reward
         terms = {
             "throughput": w.throughput * completions / dt,
+            "goodput": w.goodput * good / dt,
             "slo_violation": -w.slo_violation * violations / dt,
             "drop": -w.drop * lost / dt,
             "cost": -w.cost * sum(limits) / (self.n * sc.limits.max),

@@ -89,9 +89,14 @@ class LimitsConfig(_Model):
 
 
 class RewardConfig(_Model):
-    """reward = throughput·completions/s − slo_violation·violations/s − drop·drops/s − cost·Σlimits."""
+    """reward = throughput·completions/s + goodput·good/s − slo_violation·violations/s − drop·drops/s − cost·Σlimits.
+
+    ``goodput`` (default 0) rewards the requests that met every per-request objective (core/slo.py): what
+    ``admit evaluate`` judges by. A training config can replace these weights (``reward:`` in admit train).
+    """
 
     throughput: float = 1.0
+    goodput: float = 0.0
     slo_violation: float = 0.5
     drop: float = 1.0
     cost: float = 0.0

@@ -78,7 +78,7 @@ def test_train_writes_every_artefact(runs: dict[str, Path], algo: str) -> None:
         "episode/p99_s",
         "episode/dropped",
         "episode/mean_limit",
-        *(f"episode/reward_terms/{t}" for t in ("throughput", "slo_violation", "drop", "cost", "change")),
+        *(f"episode/reward_terms/{t}" for t in ("throughput", "goodput", "slo_violation", "drop", "cost", "change")),
         "eval/mean_reward",
     ):
         assert tag in tags, (tag, sorted(tags))
@@ -132,6 +132,8 @@ def test_policy_prefix_must_match_the_trained_algorithm(runs: dict[str, Path]) -
         ("evaluation: {freq: 5}", "evaluation: unknown key; allowed: algo, scenario"),
         ("eval: {every: 5}", "eval.every: unknown key; allowed: freq, episodes, seed_base"),
         ("algo: dqn\nhyperparams: {n_steps: 8}", "hyperparams.n_steps: unknown key for algo 'dqn'"),
+        ("reward: {good: 1}", "reward.good: unknown key; allowed: throughput, goodput, slo_violation, drop"),
+        ("reward: {goodput: lots}", "reward.goodput: Input should be a valid number"),
     ],
 )
 def test_bad_config_is_a_clear_error_naming_the_key(tmp_path: Path, yaml_text: str, needle: str) -> None:
@@ -169,6 +171,34 @@ def test_set_overrides_nested_keys_and_keeps_the_rest_of_the_file(tmp_path: Path
     assert (params["n_steps"], params["batch_size"], params["n_epochs"]) == (32, 1024, 7)
     assert cfg.policy.net_arch == [32, 32] and cfg.vec_env == "block" and cfg.vec_workers == 1
     assert cfg.n_envs == 64 and cfg.eval.freq == 100  # --n-envs wins over the file; untouched keys stay
+
+
+def test_reward_override_replaces_only_the_weights_it_names(tmp_path: Path) -> None:
+    """``reward:`` in a training config trains on those weights; the run folder's scenario.yaml says so,
+    and the env's reward is then goodput (good requests/s) minus the drops it names, step by step."""
+    from admit.envs.env import TenantAdmissionEnv
+    from admit.train.trainer import training_scenario
+
+    path = tmp_path / "c.yaml"
+    path.write_text("scenario: h200-mixed\nreward: {throughput: 0, goodput: 1, slo_violation: 0}\n")
+    sc = training_scenario(load_config(path))
+    own = load_scenario("h200-mixed").reward
+    assert (sc.reward.throughput, sc.reward.goodput, sc.reward.slo_violation) == (0, 1, 0)
+    assert sc.reward.drop == own.drop and own.goodput == 0  # untouched keys keep the scenario's weights
+    env = TenantAdmissionEnv(sc.model_copy(update={"horizon_s": 120.0}))
+    env.reset(seed=3)
+    good = 0.0
+    for _ in range(60):
+        _, reward, _, truncated, info = env.step(np.ones(env.n, dtype=np.int64))
+        terms = info["reward_terms"]
+        assert terms["throughput"] == 0 and terms["slo_violation"] == 0
+        assert reward == pytest.approx(terms["goodput"] + terms["drop"])
+        good += terms["goodput"] * sc.interval_s
+        if truncated:
+            break
+    episode = info["episode_metrics"]
+    assert good == pytest.approx(episode["goodput_rps"] * 120.0)  # the reward counts what goodput counts
+    assert good > 0
 
 
 def _params(run: Path) -> dict[str, torch.Tensor]:

@@ -17,6 +17,7 @@ a bad key or value raises ``TrainConfigError`` naming the key and what is allowe
     policy: {net_arch: [64, 64], activation: tanh}
     eval: {freq: 20000, episodes: 4}
     checkpoint_freq: 50000
+    reward: {throughput: 0, goodput: 1, slo_violation: 0}   # optional: replaces the scenario's weights
 """
 
 from __future__ import annotations
@@ -120,6 +121,23 @@ class EvalConfig(_Model):
     seed_base: int = Field(default=500_000, ge=20)
 
 
+class RewardOverride(_Model):
+    """Reward weights that replace the scenario's own for this training (envs.scenario.RewardConfig; a key
+    left out keeps the scenario's weight). ``{throughput: 0, goodput: 1, slo_violation: 0}`` trains on goodput,
+    what ``admit evaluate`` judges by."""
+
+    throughput: float | None = None
+    goodput: float | None = None
+    slo_violation: float | None = None
+    drop: float | None = None
+    cost: float | None = None
+    change: float | None = None
+
+    def weights(self) -> dict[str, float]:
+        """The weights this override sets."""
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
 class TrainConfig(_Model):
     algo: Algo = "ppo"
     scenario: str = "seed-paper"
@@ -136,6 +154,7 @@ class TrainConfig(_Model):
     normalize: NormalizeConfig = NormalizeConfig()
     eval: EvalConfig = EvalConfig()
     checkpoint_freq: int = Field(default=50_000, ge=0, description="env steps between checkpoints; 0 = off")
+    reward: RewardOverride | None = Field(default=None, description="reward weights replacing the scenario's")
 
     def algo_params(self) -> dict[str, Any]:
         """The algorithm's hyperparameters with defaults filled in."""
@@ -161,6 +180,7 @@ def _allowed_keys(loc: tuple[Any, ...]) -> str:
         ("policy",): PolicyConfig,
         ("normalize",): NormalizeConfig,
         ("eval",): EvalConfig,
+        ("reward",): RewardOverride,
     }
     model = sections.get(tuple(loc[:-1]))
     return f"; allowed: {', '.join(model.model_fields)}" if model is not None else ""

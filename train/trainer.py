@@ -104,6 +104,14 @@ def build_model(cfg: TrainConfig, venv: VecEnv, tensorboard_dir: Path | None) ->
     )
 
 
+def training_scenario(cfg: TrainConfig) -> Scenario:
+    """The scenario trained on: ``cfg.scenario`` with the config's reward weights, if any, in place of its own."""
+    scenario = load_scenario(cfg.scenario)
+    if cfg.reward is not None and cfg.reward.weights():
+        scenario = scenario.model_copy(update={"reward": scenario.reward.model_copy(update=cfg.reward.weights())})
+    return scenario
+
+
 def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run one training; returns the summary that is also written to ``out/summary.json``."""
     torch.set_num_threads(cfg.torch_threads)
@@ -111,7 +119,7 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
     torch.distributions.Distribution.set_default_validate_args(False)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    scenario = load_scenario(cfg.scenario)
+    scenario = training_scenario(cfg)
     write_config(cfg, out / CONFIG_FILE)
     (out / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
 
