@@ -60,6 +60,10 @@ def results(
     render_only: bool = typer.Option(
         False, help="write the report from the JSON an earlier run left beside it, without running anything"
     ),
+    rerun: list[str] = typer.Option(
+        None, help="evaluate again only this policy (repeat; 'ppo:' names every ppo: policy) and the baseline, "
+        "keeping the other rows of the earlier run's JSON; refused if the baseline's figures changed"
+    ),
 ) -> None:
     """Regenerate docs/RESULTS.md: every policy × the results scenarios on goodput, CIs, p-values and verdicts vs
     static:best, per-tenant figures, Pareto plots."""
@@ -71,7 +75,7 @@ def results(
         with Progress(transient=True) as bar:
             task = bar.add_task("results", total=None)
             build(seeds, chosen, workers, out, progress=lambda i, n: bar.update(task, completed=i, total=n),
-                  render_only=render_only)
+                  render_only=render_only, rerun=rerun or ())
     except ValueError as e:  # a scenario that does not load (ScenarioError) or a policy that cannot run
         _fail(str(e))
     typer.echo(f"wrote {out}")

@@ -33,7 +33,7 @@ import os
 import time
 import urllib.request
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from datetime import date
 from importlib import resources
@@ -42,7 +42,7 @@ from pathlib import Path
 import numpy as np
 from admit.core.percentiles import linear_np
 from admit.envs.scenario import bundled_scenarios, load_scenario
-from admit.evaluate.offline import evaluate, make_bound, p_values_vs
+from admit.evaluate.offline import METRICS, evaluate, make_bound, p_values_vs
 from admit.evaluate.report import latency_pareto_plot, pareto_plot
 from admit.evaluate.verdict import RULE, too_few_seeds, verdicts
 
@@ -423,13 +423,50 @@ def glance_row(name: str, data: dict) -> str:
             f"{best_of(untuned)} |")
 
 
+def rerun_matches(policy: str, rerun: Sequence[str]) -> bool:
+    """Whether ``--rerun`` names ``policy``: the name itself, or a prefix ending in ':' (``ppo:``)."""
+    return any(policy == r or (r.endswith(":") and policy.startswith(r)) for r in rerun)
+
+
+def _rerun(sc: str, seeds: int, workers: int, path: Path, rerun: Sequence[str], progress) -> dict:
+    """The earlier run's figures with the policies ``rerun`` names evaluated again (after one of them changed:
+    a retrained PPO policy). The baseline runs again too and must give the stored figures seed by seed, so the
+    kept rows and the new ones are paired on the same world; else ValueError (run everything)."""
+    data = _earlier(path, sc, seeds)
+    pols = policies_for(sc)
+    chosen = [p for p in pols[1:] if rerun_matches(p, rerun)]
+    missing = [p for p in pols if p not in data["policies"] and p not in chosen]
+    if missing:
+        raise ValueError(f"{path} has no figures for {', '.join(missing)}: run without --rerun")
+    if not chosen:
+        return data
+    start = time.perf_counter()
+    new = evaluate(sc, [pols[0], *chosen], seeds, workers=workers, progress=progress).to_json()
+    base_old, base_new = data["policies"][pols[0]], new["policies"][pols[0]]
+    changed = [m for m in METRICS if base_old.get(m, {}).get("values") != base_new[m]["values"]]
+    if data["baseline"] != pols[0] or changed:
+        raise ValueError(
+            f"{sc}: the baseline {pols[0]} no longer gives the stored figures "
+            f"({', '.join(changed) or 'another baseline'}): the world changed since that run, so its rows cannot "
+            "be kept; run without --rerun"
+        )
+    data["policies"] = {p: new["policies"][p] if p in chosen else data["policies"][p] for p in pols}
+    data["reruns"] = [*data.get("reruns", []), {
+        "policies": chosen, "wall_s": time.perf_counter() - start, "date": date.today().isoformat()}]
+    path.write_text(json.dumps(data, indent=2))
+    return data
+
+
 def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log: Path | None, progress,
-         render_only: bool = False):
+         render_only: bool = False, rerun: Sequence[str] = ()):
     sections, timings, baselines, glance = [], [], [], []
     for sc in scenarios:
         stem = file_stem(sc)
         if render_only:  # the figures of an earlier run, re-rendered (after a change to the report's code)
             data = _earlier(res_dir / f"{stem}.json", sc, seeds)
+            pols = list(data["policies"])
+        elif rerun:
+            data = _rerun(sc, seeds, workers, res_dir / f"{stem}.json", rerun, progress)
             pols = list(data["policies"])
         else:
             pols = policies_for(sc)
@@ -441,8 +478,11 @@ def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log:
             (res_dir / f"{stem}.json").write_text(json.dumps(data, indent=2))
         baselines.append(pols[0])
         wall = data.get("wall_s")
-        timings.append(f"{sc} {wall:.0f} s ({len(pols)} policies)" if wall is not None
-                       else f"{sc} not recorded ({len(pols)} policies)")
+        timing = (f"{sc} {wall:.0f} s ({len(pols)} policies)" if wall is not None
+                  else f"{sc} not recorded ({len(pols)} policies)")
+        for r in data.get("reruns", []):
+            timing += f", {', '.join(r['policies'])} re-run {r['date']} in {r['wall_s']:.0f} s"
+        timings.append(timing)
         pareto_plot(data, res_dir / f"{stem}.png")
         repro_png = None
         if sc == REPRODUCTION:
@@ -490,7 +530,11 @@ def _baseline_line(scenarios: list[str], baselines: list[str]) -> str:
 
 
 def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=None,
-          render_only: bool = False) -> str:
+          render_only: bool = False, rerun: Sequence[str] = ()) -> str:
+    """Write the report ``out``: every policy on every scenario, evaluated now; or (``render_only``) from the
+    JSON of an earlier run; or (``rerun``) that JSON with the policies ``rerun`` names evaluated again."""
+    if render_only and rerun:
+        raise ValueError("--render-only runs nothing, --rerun runs some policies again: choose one")
     out = Path(out)
     for sc in scenarios:  # fail on a bad name before any work
         load_scenario(sc)
@@ -500,11 +544,13 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
     cmd = command(seeds, scenarios, workers, out)
     with llm_settings(res_dir) as llm_log:
         sections, timings, baselines, glance = _run(seeds, scenarios, workers, res_dir, llm_log, progress,
-                                                    render_only)
+                                                    render_only, rerun)
     head = [
         "# Results: every policy against the strongest static caps, judged on goodput",
         "",
-        f"Regenerated by `{cmd}` (written {date.today().isoformat()}); JSON per scenario in {res_dir}/.",
+        f"Regenerated by `{cmd}`"
+        + (f", then `{cmd} {' '.join(f'--rerun {r}' for r in rerun)}`" if rerun else "")
+        + f" (written {date.today().isoformat()}); JSON per scenario in {res_dir}/.",
         "",
         "Goodput is good requests per second; a request is good when it completes within every per-request "
         "objective of its tenant (`ttft_s`, `tpot_s`, `e2e_s`), and dropped or rejected requests never are. A "
@@ -520,7 +566,9 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
         "The policies are described in docs/controllers.md; the PPO policies (`ppo:<scenario>`, one trained per "
         "scenario on seeds disjoint from these) in docs/training.md.",
         "",
-        f"Wall time of this run ({workers} worker process{'es' if workers > 1 else ''}): " + "; ".join(timings) + ".",
+        f"Wall time of this run ({workers} worker process{'es' if workers > 1 else ''}): " + "; ".join(timings) + "."
+        + (" A re-run (`--rerun`) evaluated the baseline again, got its stored figures seed by seed, and replaced "
+           "only the rows it names." if any("re-run" in t for t in timings) else ""),
         "",
         "## At a glance",
         "",

@@ -415,6 +415,53 @@ def test_results_report_on_any_scenario_load_scenario_accepts(monkeypatch, tmp_p
         results.build(3, [str(path)], 1, out, render_only=True)
 
 
+def test_results_rerun_replaces_only_the_named_rows_and_refuses_a_changed_world(monkeypatch, tmp_path):
+    """--rerun: the named policies and the baseline run again; the other rows are the earlier run's, kept only
+    when the baseline gives its stored figures seed by seed."""
+    import yaml
+    from admit.evaluate import offline, results
+
+    monkeypatch.delenv("ADMIT_LLM_URL", raising=False)
+    monkeypatch.setattr(results, "HAND_POLICIES", ("static", "static:16", "robust"))
+    monkeypatch.setattr(results, "baseline", lambda scenario: ("static", None))
+    sc = load_scenario("h200-mixed").model_dump(mode="json")
+    path = tmp_path / "mixed-short.yaml"
+    path.write_text(yaml.safe_dump({**sc, "name": "mixed-short", "horizon_s": 40}))
+    out = tmp_path / "docs" / "RESULTS.md"
+    with pytest.raises(ValueError, match="does not exist"):  # nothing to keep yet
+        results.build(2, [str(path)], 1, out, rerun=["robust"])
+    results.build(2, [str(path)], 1, out)
+    res = out.parent / "results" / "mixed-short.json"
+    before = json.loads(res.read_text())
+    before["policies"]["static:16"]["goodput_rps"]["mean"] = -1.0  # a marker: this row must be kept as it is
+    res.write_text(json.dumps(before))
+    ran: list[list[str]] = []
+    real = offline.evaluate
+
+    def spy(scenario, policies, *a, **k):
+        ran.append(list(policies))
+        return real(scenario, policies, *a, **k)
+
+    monkeypatch.setattr(results, "evaluate", spy)
+    text = results.build(2, [str(path)], 1, out, rerun=["robust"])
+    assert ran == [["static", "robust"]]  # the baseline and the named policy, nothing else
+    after = json.loads(res.read_text())
+    assert list(after["policies"]) == ["static", "static:16", "robust"]
+    assert after["policies"]["static:16"]["goodput_rps"]["mean"] == -1.0
+    assert after["policies"]["robust"] == before["policies"]["robust"]  # deterministic: the same figures again
+    assert [r["policies"] for r in after["reruns"]] == [["robust"]]
+    assert "--rerun robust`" in text and "robust re-run " in text
+    assert results.rerun_matches("ppo:h200-mixed", ["ppo:"]) and not results.rerun_matches("ppo", ["ppo:"])
+    # a world that changed since (here: the stored baseline figures differ) keeps nothing
+    after["policies"]["static"]["goodput_rps"]["values"][0] += 1.0
+    res.write_text(json.dumps(after))
+    with pytest.raises(ValueError, match="no longer gives the stored figures .*goodput_rps"):
+        results.build(2, [str(path)], 1, out, rerun=["robust"])
+    assert json.loads(res.read_text()) == after  # and writes nothing
+    with pytest.raises(ValueError, match="choose one"):
+        results.build(2, [str(path)], 1, out, rerun=["robust"], render_only=True)
+
+
 def test_cli_evaluate_on_a_shorter_horizon_and_results_refuse_an_unknown_scenario(tmp_path):
     out = tmp_path / "r.json"
     cmd = [sys.executable, "-m", "admit.cli", "evaluate", "--scenario", "h200-mixed", "--policy", "static"]
