@@ -12,6 +12,9 @@ one (core/observation.py); any other size is an error naming both. The vector is
 training run's VecNormalize statistics (frozen: the statistics are never updated here), and the policy
 acts deterministically. Its action is decoded with admit.agents.action_codec — the same code the training
 wrappers use — into integer deltas in ±max_step.
+A tenant-set policy (``policy.kind: tenant-set``, admit.agents.set_policy) takes any scenario of 1..8 tenants
+and any ``max_step``: its input is admit.agents.set_codec's padded vector and its action one multiplicative
+choice per tenant, decoded by the same module.
 Loaded models are cached per process, so ``admit evaluate`` loads a run once, not once per seed.
 """
 
@@ -26,9 +29,10 @@ from typing import Any
 import numpy as np
 import torch
 import yaml
+from admit.agents import set_codec
 from admit.agents.action_codec import kind_of, to_deltas
 from admit.core.observation import LAYOUT_VERSION, LAYOUTS, Observation, layout_of
-from admit.core.spec import ControlSpec
+from admit.core.spec import ControlSpec, Limits
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.vec_env import VecNormalize
@@ -132,9 +136,18 @@ class SB3Policy:
         self.n = 0
         self.k = 0
         self.layout = LAYOUT_VERSION
+        from admit.agents.set_policy import TenantSetPolicy
+
+        self.tenant_set = isinstance(self.model.policy, TenantSetPolicy)
+        self.limits = Limits()
 
     def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
         n, k = spec.n_tenants, spec.limits.max_step
+        if self.tenant_set:  # any tenant count up to the policy's slots, any max_step (set_codec)
+            policy: Any = self.model.policy
+            set_codec.check_tenants(n, policy.set_max_tenants)
+            self.n, self.k, self.limits = n, k, spec.limits
+            return
         layout = layout_of(self.obs_size, n)
         if layout is None:
             fits = [((self.obs_size - len(g)) // len(t), v) for v, (g, t) in LAYOUTS.items()
@@ -160,6 +173,11 @@ class SB3Policy:
         self.n, self.k = n, k
 
     def act(self, obs: Observation) -> list[int]:
+        if self.tenant_set:
+            policy: Any = self.model.policy
+            vec = self.norm.normalize_obs(set_codec.observation_vector(obs, self.limits, policy.set_max_tenants)[None])
+            choices, _ = self.model.predict(np.asarray(vec, dtype=np.float32), deterministic=True)
+            return set_codec.to_deltas(choices[0], [t.limit for t in obs.tenants], self.limits)
         vec = self.norm.normalize_obs(obs.to_vector(self.layout)[None, :])
         action, _ = self.model.predict(np.asarray(vec, dtype=np.float32), deterministic=True)
         return to_deltas(action[0], self.kind, self.n, self.k)

@@ -13,6 +13,9 @@ import typer
 def train(
     algo: str | None = typer.Option(None, help="ppo | a2c | dqn | sac (overrides the config file; default ppo)"),
     scenario: str | None = typer.Option(None, help="bundled scenario name or path to a scenario YAML"),
+    family: str | None = typer.Option(
+        None, help="train across a scenario family's train seeds (bundled name or YAML path; tenant-set policy)"
+    ),
     timesteps: int | None = typer.Option(None, help="env steps to train for (default 100000)"),
     n_envs: int | None = typer.Option(None, "--n-envs", help="parallel envs (default 4)"),
     seed: int | None = typer.Option(None, help="run seed: algorithm and training-workload seeds (default 0)"),
@@ -39,6 +42,7 @@ def train(
             sets=sets,
             algo=algo,
             scenario=scenario,
+            family=family,
             timesteps=timesteps,
             n_envs=n_envs,
             seed=seed,
@@ -47,7 +51,12 @@ def train(
         )
         from admit.envs.scenario import load_scenario
 
-        load_scenario(cfg.scenario)  # fail before importing torch
+        if cfg.family is not None:
+            from admit.envs.family import load_family
+
+            load_family(cfg.family)  # fail before importing torch
+        else:
+            load_scenario(cfg.scenario)  # fail before importing torch
     except (TrainConfigError, ScenarioError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

@@ -18,6 +18,7 @@ a bad key or value raises ``TrainConfigError`` naming the key and what is allowe
     eval: {freq: 20000, episodes: 4}
     checkpoint_freq: 50000
     reward: {throughput: 0, goodput: 1, slo_violation: 0}   # optional: replaces the scenario's weights
+    # family: h200-mix          # optional: train across a family (needs policy: {kind: tenant-set})
 """
 
 from __future__ import annotations
@@ -95,8 +96,13 @@ HYPERPARAMS: dict[str, type[_Model]] = {"ppo": PPOParams, "a2c": A2CParams, "dqn
 
 # ------------------------------------------------------------------ the rest of the run
 class PolicyConfig(_Model):
+    """``kind: mlp`` is SB3's MlpPolicy on the flat observation (one tenant count); ``kind: tenant-set`` is
+    admit.agents.set_policy (any 1..8 tenants; PPO or A2C; ``hidden`` wide; needed for ``family``)."""
+
+    kind: Literal["mlp", "tenant-set"] = "mlp"
     net_arch: list[int] = Field(default=[64, 64], min_length=1)
     activation: Literal["tanh", "relu"] = "tanh"
+    hidden: int = Field(default=64, ge=4, le=1024, description="tenant-set: width of every layer")
 
     @model_validator(mode="after")
     def _positive(self) -> PolicyConfig:
@@ -155,6 +161,18 @@ class TrainConfig(_Model):
     eval: EvalConfig = EvalConfig()
     checkpoint_freq: int = Field(default=50_000, ge=0, description="env steps between checkpoints; 0 = off")
     reward: RewardOverride | None = Field(default=None, description="reward weights replacing the scenario's")
+    family: str | None = Field(default=None, description="train on this family's train seeds (not `scenario`)")
+    reward_per_offered_load: bool = Field(
+        default=False, description="tenant-set: divide the reward by the instance's offered requests/s"
+    )
+
+    @model_validator(mode="after")
+    def _set_policy(self) -> TrainConfig:
+        if self.family is not None and self.policy.kind != "tenant-set":
+            raise ValueError("family: a family's instances have 2..8 tenants; train them with policy.kind tenant-set")
+        if self.policy.kind == "tenant-set" and self.algo not in ("ppo", "a2c"):
+            raise ValueError(f"policy.kind tenant-set needs algo ppo or a2c, got {self.algo!r}")
+        return self
 
     def algo_params(self) -> dict[str, Any]:
         """The algorithm's hyperparameters with defaults filled in."""

@@ -37,7 +37,8 @@ from admit.envs.scenario import Scenario, load_scenario
 from admit.train.callbacks import EpisodeMetricsLogger, RichProgress, SaveVecNormalize, SeededEvalCallback
 from admit.train.config import TrainConfig, write_config
 from admit.train.vec import BlockVecEnv
-from admit.train.wrappers import MakeEnv, train_episode_seed_base
+from admit.train.worlds import Split, Worlds
+from admit.train.wrappers import MakeEnv, MakeSetEnv, train_episode_seed_base
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
 from stable_baselines3.common.callbacks import BaseCallback, CheckpointCallback
@@ -57,10 +58,29 @@ def env_factory(scenario: Scenario, kind: ActionKind, seed_base: int, seed_strid
     return MakeEnv(scenario, kind, seed_base, seed_stride)
 
 
-def make_vec_env(cfg: TrainConfig, scenario: Scenario) -> VecNormalize:
+def worlds_of(cfg: TrainConfig, scenario: Scenario | None, split: Split) -> Worlds:
+    """Where a tenant-set run's episodes come from: the family's ``split`` seeds, or the one scenario."""
+    weights = cfg.reward.weights() if cfg.reward is not None else None
+    if cfg.family is not None:
+        return Worlds(family=cfg.family, split=split, reward=weights)
+    assert scenario is not None
+    return Worlds(scenario=scenario)  # training_scenario already holds the reward override
+
+
+def _factory(
+    cfg: TrainConfig, scenario: Scenario | None, split: Split, base: int, stride: int
+) -> Callable[[], gym.Env]:
+    if cfg.policy.kind == "tenant-set":
+        return MakeSetEnv(worlds_of(cfg, scenario, split), cfg.reward_per_offered_load, base, stride)
+    assert scenario is not None
+    return env_factory(scenario, ACTION_KIND[cfg.algo], base, stride)
+
+
+def make_vec_env(cfg: TrainConfig, scenario: Scenario | None) -> VecNormalize:
     """The training envs: n_envs seeded envs → VecMonitor → VecNormalize (obs and, if set, reward)."""
-    kind = ACTION_KIND[cfg.algo]
-    fns = [env_factory(scenario, kind, train_episode_seed_base(cfg.seed, i), cfg.n_envs) for i in range(cfg.n_envs)]
+    fns = [
+        _factory(cfg, scenario, "train", train_episode_seed_base(cfg.seed, i), cfg.n_envs) for i in range(cfg.n_envs)
+    ]
     venv: VecEnv
     if cfg.vec_env == "block":
         venv = BlockVecEnv(fns, workers=min(cfg.vec_workers, cfg.n_envs - 1))
@@ -70,16 +90,23 @@ def make_vec_env(cfg: TrainConfig, scenario: Scenario) -> VecNormalize:
         venv = DummyVecEnv(fns)
     n = cfg.normalize
     return VecNormalize(
-        VecMonitor(venv), norm_obs=n.obs, norm_reward=n.reward, clip_obs=n.clip_obs, gamma=_gamma(cfg)
+        VecMonitor(venv), norm_obs=_norm_obs(cfg), norm_reward=n.reward, clip_obs=n.clip_obs, gamma=_gamma(cfg)
     )
 
 
-def make_eval_env(cfg: TrainConfig, scenario: Scenario) -> VecNormalize:
-    """One validation env on seeds eval.seed_base + j; frozen normalisation, raw rewards."""
-    fn = env_factory(scenario, ACTION_KIND[cfg.algo], cfg.eval.seed_base, 1)
+def _norm_obs(cfg: TrainConfig) -> bool:
+    """The tenant-set policy takes raw features (log1p inside the network; a running mean would also move the
+    padding slots off zero), so observation normalisation applies to the MLP policy only."""
+    return cfg.normalize.obs and cfg.policy.kind == "mlp"
+
+
+def make_eval_env(cfg: TrainConfig, scenario: Scenario | None) -> VecNormalize:
+    """One validation env on seeds eval.seed_base + j (a family's validation instances); frozen normalisation,
+    raw rewards."""
+    fn = _factory(cfg, scenario, "validation", cfg.eval.seed_base, 1)
     n = cfg.normalize
     return VecNormalize(
-        VecMonitor(DummyVecEnv([fn])), training=False, norm_obs=n.obs, norm_reward=False, clip_obs=n.clip_obs
+        VecMonitor(DummyVecEnv([fn])), training=False, norm_obs=_norm_obs(cfg), norm_reward=False, clip_obs=n.clip_obs
     )
 
 
@@ -88,12 +115,17 @@ def _gamma(cfg: TrainConfig) -> float:
 
 
 def build_model(cfg: TrainConfig, venv: VecEnv, tensorboard_dir: Path | None) -> BaseAlgorithm:
+    policy: Any = "MlpPolicy"
     policy_kwargs: dict[str, Any] = {
         "net_arch": list(cfg.policy.net_arch),
         "activation_fn": ACTIVATIONS[cfg.policy.activation],
     }
+    if cfg.policy.kind == "tenant-set":
+        from admit.agents.set_policy import TenantSetPolicy
+
+        policy, policy_kwargs = TenantSetPolicy, {"hidden": cfg.policy.hidden}
     return ALGORITHMS[cfg.algo](
-        "MlpPolicy",
+        policy,
         venv,
         seed=cfg.seed,
         device="cpu",
@@ -119,9 +151,10 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
     torch.distributions.Distribution.set_default_validate_args(False)
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    scenario = training_scenario(cfg)
+    scenario = training_scenario(cfg) if cfg.family is None else None
     write_config(cfg, out / CONFIG_FILE)
-    (out / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
+    if scenario is not None:
+        (out / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
 
     venv = make_vec_env(cfg, scenario)
     model = build_model(cfg, venv, out / "tb")
@@ -166,7 +199,7 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
     venv.save(str(out / VECNORMALIZE_FILE))
     summary: dict[str, Any] = {
         "algo": cfg.algo,
-        "scenario": scenario.name,
+        "scenario": scenario.name if scenario is not None else worlds_of(cfg, None, "train").describe(),
         "timesteps": int(model.num_timesteps),
         "wall_s": wall,
         "env_steps_per_s": model.num_timesteps / wall if wall > 0 else float("nan"),

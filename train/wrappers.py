@@ -21,6 +21,7 @@ import numpy as np
 from admit.agents.action_codec import ActionKind, action_space, to_env_action
 from admit.envs.env import TenantAdmissionEnv
 from admit.envs.scenario import Scenario
+from admit.train.worlds import SetEnv, Worlds
 
 TRAIN_SEED_BASE = 1_000_000
 VALIDATION_SEED_BASE = 500_000
@@ -85,3 +86,16 @@ class MakeEnv:
         if self.kind != "multidiscrete":
             env = AlgoAction(env, self.kind)
         return EpisodeSeeds(env, self.seed_base, self.seed_stride)
+
+
+@dataclass(frozen=True)
+class MakeSetEnv:
+    """A picklable constructor of one tenant-set training env: ``SetEnv(worlds)`` then ``EpisodeSeeds``."""
+
+    worlds: Worlds
+    per_offered_load: bool
+    seed_base: int
+    seed_stride: int = 1
+
+    def __call__(self) -> gym.Env:
+        return EpisodeSeeds(SetEnv(self.worlds, self.per_offered_load), self.seed_base, self.seed_stride)

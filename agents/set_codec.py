@@ -1,0 +1,88 @@
+"""The tenant-set encoding: one observation and action layout for any scenario with 1..``MAX_TENANTS`` tenants.
+
+A policy trained on the flat layout (core/observation.py) is bound to one tenant count and one ``max_step``.
+The tenant-set policy (admit.agents.set_policy) is not: it reads this fixed-size vector and answers with one
+multiplicative choice per tenant slot, so one network acts on every scenario. Training (admit.train.family)
+and the deployed policy (admit.agents.sb3_policy) both encode and decode with the functions here, so they
+cannot disagree.
+
+Observation, ``set_vector_size()`` = 5 + 3 + 27·M + M entries for M = ``MAX_TENANTS`` slots:
+
+- the 5 global features of layout 2 (GLOBAL_FEATURES);
+- the scenario's limit bounds ``limits.min``, ``limits.max`` and the tenant count ``n``;
+- M slots of the 27 per-tenant features of layout 2 (TENANT_FEATURES), tenants in scenario order, the
+  slots past ``n`` zero;
+- the mask: 1 for the ``n`` real slots, 0 for the padding.
+
+Action: ``MultiDiscrete([len(FACTORS)] * M)``; choice ``c`` of a tenant with limit ``L`` asks for
+``round(L · FACTORS[c])``, at least one step away from ``L`` when the factor is not 1 (so a limit of 1 or 2
+can move), and the delta is clipped to ``±max_step`` (the scenario's own bound, which the simulator and the
+live loop enforce). Choices in padding slots are ignored. Multiplicative steps mean the same action halves a
+limit of 8 or of 400, which is what lets one policy serve scenarios whose caps differ by two orders of
+magnitude.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+from admit.core.observation import GLOBAL_FEATURES, LAYOUT_VERSION, TENANT_FEATURES, Observation
+from admit.core.spec import Limits
+
+MAX_TENANTS = 8
+FACTORS: tuple[float, ...] = (0.5, 0.75, 0.9, 1.0, 1.1, 1.33, 2.0)
+HOLD = FACTORS.index(1.0)
+N_GLOBAL = len(GLOBAL_FEATURES) + 3
+N_TENANT = len(TENANT_FEATURES)
+
+
+def set_vector_size(max_tenants: int = MAX_TENANTS) -> int:
+    return N_GLOBAL + max_tenants * (N_TENANT + 1)
+
+
+def check_tenants(n: int, max_tenants: int = MAX_TENANTS) -> None:
+    if not 1 <= n <= max_tenants:
+        raise ValueError(f"the tenant-set policy acts on 1..{max_tenants} tenants; this scenario has {n}")
+
+
+def set_vector(flat: np.ndarray, n: int, limits: Limits, max_tenants: int = MAX_TENANTS) -> np.ndarray:
+    """The tenant-set vector from a layout-2 flat vector of ``n`` tenants (``Observation.to_vector()``)."""
+    check_tenants(n, max_tenants)
+    g = len(GLOBAL_FEATURES)
+    if flat.shape != (g + n * N_TENANT,):
+        raise ValueError(f"expected a layout-{LAYOUT_VERSION} vector of {g + n * N_TENANT} entries for {n} tenants, "
+                         f"got shape {flat.shape}")
+    out = np.zeros(set_vector_size(max_tenants), dtype=np.float32)
+    out[:g] = flat[:g]
+    out[g:N_GLOBAL] = (limits.min, limits.max, n)
+    out[N_GLOBAL : N_GLOBAL + n * N_TENANT] = flat[g:]
+    mask0 = N_GLOBAL + max_tenants * N_TENANT
+    out[mask0 : mask0 + n] = 1.0
+    return out
+
+
+def observation_vector(obs: Observation, limits: Limits, max_tenants: int = MAX_TENANTS) -> np.ndarray:
+    return set_vector(obs.to_vector(), obs.n_tenants, limits, max_tenants)
+
+
+def to_deltas(choices: Sequence[int] | np.ndarray, current: Sequence[float], limits: Limits) -> list[int]:
+    """Per-tenant deltas (within ±max_step) for the first ``len(current)`` slots' choices."""
+    n = len(current)
+    if len(choices) < n:
+        raise ValueError(f"{len(choices)} choices for {n} tenants")
+    k = limits.max_step
+    out = []
+    for c, lim in zip(choices[:n], current, strict=True):
+        c = int(c)
+        if not 0 <= c < len(FACTORS):
+            raise ValueError(f"choice {c} is out of range 0..{len(FACTORS) - 1}")
+        f = FACTORS[c]
+        cur = round(lim)
+        d = round(cur * f) - cur
+        if f > 1.0:
+            d = max(d, 1)
+        elif f < 1.0:
+            d = min(d, -1)
+        out.append(max(-k, min(k, d)))
+    return out

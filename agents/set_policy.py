@@ -1,0 +1,131 @@
+"""The tenant-set policy: one network for any tenant count, as an SB3 ``ActorCriticPolicy`` (PPO, A2C).
+
+It reads the tenant-set vector (admit.agents.set_codec: globals, limit bounds, ``M`` padded tenant slots, a
+mask) and is built DeepSets-style, so it is the same function of every tenant and indifferent to their order:
+
+    z        = log1p(x)                                  every feature is >= 0; tokens reach 1e6, SLOs 1e4
+    e_i      = φ([z_tenant_i, z_global])                 shared per-tenant encoder, 2 layers of ``hidden``
+    c        = [masked mean_i e_i, masked max_i e_i]     the pooled context of all real tenants
+    logits_i = ψ([e_i, c])                               shared head: one categorical per tenant slot
+    V        = ρ([c, z_global])                          the critic sees the pool, never a slot index
+
+A padding slot's logits are pinned to "hold" (a near-certain choice), so it adds nothing to the log-probability
+or the entropy PPO optimises. Zaheer et al., "Deep Sets" (NeurIPS 2017) for the sum/max-pooled form.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from admit.agents.set_codec import HOLD, MAX_TENANTS, N_GLOBAL, N_TENANT
+from stable_baselines3.common.policies import ActorCriticPolicy
+from torch import nn
+
+PIN = 30.0  # a padding slot's logit margin for "hold": probability 1 − 6·e^−30 of choosing it
+
+
+def _split(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(globals (B, N_GLOBAL), tenants (B, m, N_TENANT), mask (B, m)) of a batch of tenant-set vectors."""
+    b = x.shape[0]
+    glob = x[:, :N_GLOBAL]
+    ten = x[:, N_GLOBAL : N_GLOBAL + m * N_TENANT].reshape(b, m, N_TENANT)
+    mask = x[:, N_GLOBAL + m * N_TENANT :]
+    return glob, ten, mask
+
+
+class SetExtractor(nn.Module):
+    """φ, the pooling, ψ's hidden layer and ρ's: ``forward`` gives (actor latent, critic latent)."""
+
+    def __init__(self, hidden: int, max_tenants: int) -> None:
+        super().__init__()
+        self.m = max_tenants
+        self.hidden = hidden
+        self.phi = nn.Sequential(
+            nn.Linear(N_TENANT + N_GLOBAL, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
+        )
+        self.psi = nn.Sequential(nn.Linear(3 * hidden, hidden), nn.Tanh())
+        self.rho = nn.Sequential(nn.Linear(2 * hidden + N_GLOBAL, hidden), nn.Tanh())
+        # what ActorCriticPolicy reads: the actor latent is every slot's hidden vector plus the mask
+        self.latent_dim_pi = max_tenants * hidden + max_tenants
+        self.latent_dim_vf = hidden
+
+    def _context(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+        glob, ten, mask = _split(x, self.m)
+        zg = torch.log1p(glob.clamp(min=0.0))
+        zt = torch.log1p(ten.clamp(min=0.0))
+        e = self.phi(torch.cat([zt, zg.unsqueeze(1).expand(-1, self.m, -1)], dim=-1))  # (B, m, h)
+        w = mask.unsqueeze(-1)
+        count = w.sum(dim=1).clamp(min=1.0)
+        mean = (e * w).sum(dim=1) / count
+        big = torch.finfo(e.dtype).max
+        mx = torch.where(w > 0, e, torch.full_like(e, -big)).amax(dim=1)
+        mx = torch.where(count > 0, mx, torch.zeros_like(mx))
+        return torch.cat([mean, mx], dim=-1), e, zg, mask
+
+    def forward_actor(self, x: torch.Tensor) -> torch.Tensor:
+        ctx, e, _, mask = self._context(x)
+        h = self.psi(torch.cat([e, ctx.unsqueeze(1).expand(-1, self.m, -1)], dim=-1))  # (B, m, h)
+        return torch.cat([h.flatten(1), mask], dim=-1)
+
+    def forward_critic(self, x: torch.Tensor) -> torch.Tensor:
+        ctx, _, zg, _ = self._context(x)
+        return self.rho(torch.cat([ctx, zg], dim=-1))
+
+    def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        ctx, e, zg, mask = self._context(x)
+        h = self.psi(torch.cat([e, ctx.unsqueeze(1).expand(-1, self.m, -1)], dim=-1))
+        return torch.cat([h.flatten(1), mask], dim=-1), self.rho(torch.cat([ctx, zg], dim=-1))
+
+
+class SlotHead(nn.Module):
+    """ψ's last layer, shared by every slot: (B, m·h + m) → (B, m·n_choices) logits, tenant-major (the order
+    SB3's MultiCategoricalDistribution splits them in); padding slots pinned to HOLD."""
+
+    def __init__(self, hidden: int, max_tenants: int, n_choices: int) -> None:
+        super().__init__()
+        self.m, self.h, self.a = max_tenants, hidden, n_choices
+        self.out = nn.Linear(hidden, n_choices)
+        nn.init.orthogonal_(self.out.weight, gain=0.01)  # SB3's small initial policy gain: near-uniform at start
+        nn.init.zeros_(self.out.bias)
+        pinned = torch.full((n_choices,), -PIN)
+        pinned[HOLD] = 0.0
+        self.register_buffer("pinned", pinned)
+
+    def forward(self, latent: torch.Tensor) -> torch.Tensor:
+        b = latent.shape[0]
+        h = latent[:, : self.m * self.h].reshape(b, self.m, self.h)
+        mask = latent[:, self.m * self.h :].unsqueeze(-1)
+        pinned: torch.Tensor = self.pinned  # type: ignore[assignment]  # a registered buffer
+        logits = torch.where(mask > 0, self.out(h), pinned.expand(b, self.m, -1))
+        return logits.flatten(1)
+
+
+class TenantSetPolicy(ActorCriticPolicy):
+    """ActorCriticPolicy with the DeepSets extractor and the shared slot head (see the module docstring)."""
+
+    def __init__(self, *args: Any, hidden: int = 64, max_tenants: int = MAX_TENANTS, **kwargs: Any) -> None:
+        self.set_hidden = hidden
+        self.set_max_tenants = max_tenants
+        kwargs.setdefault("ortho_init", False)  # our layers keep torch's default init; the head is set below
+        super().__init__(*args, **kwargs)
+
+    def _build_mlp_extractor(self) -> None:
+        self.mlp_extractor = SetExtractor(self.set_hidden, self.set_max_tenants)  # type: ignore[assignment]
+
+    def _build(self, lr_schedule: Any) -> None:
+        super()._build(lr_schedule)
+        nvec = getattr(self.action_space, "nvec", None)
+        if nvec is None or len(nvec) != self.set_max_tenants or len(set(nvec.tolist())) != 1:
+            raise ValueError(
+                f"TenantSetPolicy needs MultiDiscrete([c] * {self.set_max_tenants}), got {self.action_space}"
+            )
+        self.action_net = SlotHead(self.set_hidden, self.set_max_tenants, int(nvec[0]))
+        self.optimizer = self.optimizer_class(  # type: ignore[call-arg]  # SB3's own call, with the new head
+            self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs
+        )
+
+    def _get_constructor_parameters(self) -> dict[str, Any]:
+        data = super()._get_constructor_parameters()
+        data.update(hidden=self.set_hidden, max_tenants=self.set_max_tenants)
+        return data

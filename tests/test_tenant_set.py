@@ -1,0 +1,183 @@
+"""The tenant-set encoding, policy and family training: one network for any tenant count (issue 13)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import yaml
+from admit.agents import set_codec
+from admit.agents.set_policy import TenantSetPolicy
+from admit.controllers.registry import make_controller
+from admit.core.observation import Observation
+from admit.core.spec import Limits
+from admit.envs.family import sample_scenario
+from admit.envs.scenario import load_scenario
+from admit.evaluate.offline import rollout
+from admit.train.config import TrainConfigError, load_config
+from admit.train.worlds import SetEnv, Worlds, offered_rps
+from gymnasium.utils.env_checker import check_env
+from stable_baselines3 import PPO
+from stable_baselines3.common.env_checker import check_env as sb3_check_env
+from typer.testing import CliRunner
+
+from admit.cli import app
+
+GOODPUT = {"throughput": 0.0, "goodput": 1.0, "slo_violation": 0.0, "drop": 1.0}
+
+
+def test_set_vector_pads_slots_and_marks_them_in_the_mask() -> None:
+    sc = load_scenario("h200-mixed")
+    env_obs = Observation.from_vector(np.arange(Observation.vector_size(3), dtype=np.float32))
+    vec = set_codec.observation_vector(env_obs, sc.control_spec().limits)
+    m, g, t = set_codec.MAX_TENANTS, set_codec.N_GLOBAL, set_codec.N_TENANT
+    assert vec.shape == (set_codec.set_vector_size(),) == (g + m * (t + 1),)
+    flat = env_obs.to_vector()
+    assert vec[:5].tolist() == flat[:5].tolist()
+    assert vec[5:8].tolist() == [2.0, 256.0, 3.0]  # limits.min, limits.max, n
+    assert vec[g : g + 3 * t].tolist() == flat[5:].tolist()
+    assert not vec[g + 3 * t : g + m * t].any()  # padding slots are zero
+    assert vec[g + m * t :].tolist() == [1, 1, 1, 0, 0, 0, 0, 0]
+    with pytest.raises(ValueError, match=r"acts on 1\.\.8 tenants; this scenario has 9"):
+        set_codec.set_vector(np.zeros(5 + 9 * t, dtype=np.float32), 9, Limits())
+    with pytest.raises(ValueError, match="expected a layout-2 vector of 86 entries for 3 tenants"):
+        set_codec.set_vector(flat[:-1], 3, Limits())
+
+
+def test_choices_are_multiplicative_move_at_least_one_and_respect_max_step() -> None:
+    lim = Limits(min=1, max=512, initial=64, max_step=16)
+    hold, half, double = set_codec.HOLD, set_codec.FACTORS.index(0.5), set_codec.FACTORS.index(2.0)
+    assert set_codec.to_deltas([half, double, hold], [8, 8, 8], lim) == [-4, 8, 0]
+    assert set_codec.to_deltas([half, double], [400, 400], lim) == [-16, 16]  # clipped to ±max_step
+    small = set_codec.FACTORS.index(1.1)
+    assert set_codec.to_deltas([small, set_codec.FACTORS.index(0.9)], [2, 2], lim) == [1, -1]  # never stuck
+    assert set_codec.to_deltas([double, half, 0, 0], [3, 3], lim) == [3, -1]  # 1.5 rounds to 2; padding ignored
+    with pytest.raises(ValueError, match="choice 7 is out of range 0..6"):
+        set_codec.to_deltas([7], [4], lim)
+
+
+def _policy(env: SetEnv, hidden: int = 16) -> TenantSetPolicy:
+    torch.manual_seed(0)
+    model = PPO(TenantSetPolicy, env, n_steps=32, batch_size=32, device="cpu", policy_kwargs={"hidden": hidden})
+    return model.policy  # type: ignore[return-value]
+
+
+def test_policy_is_permutation_equivariant_and_ignores_padding() -> None:
+    env = SetEnv(Worlds(scenario=load_scenario("h200-mixed")))
+    policy = _policy(env)
+    # nudge the head off its tiny initial gain so that the tenants' logits differ measurably
+    with torch.no_grad():
+        policy.action_net.out.weight.mul_(300.0)
+    g, t, m = set_codec.N_GLOBAL, set_codec.N_TENANT, set_codec.MAX_TENANTS
+    rng = np.random.default_rng(0)
+    vec = np.zeros((1, set_codec.set_vector_size()), dtype=np.float32)
+    vec[0, :g] = rng.uniform(0, 50, g)
+    vec[0, g : g + 3 * t] = rng.uniform(0, 200, 3 * t)
+    vec[0, g + m * t : g + m * t + 3] = 1.0
+    perm = vec.copy()
+    blocks = vec[0, g : g + 3 * t].reshape(3, t)
+    perm[0, g : g + 3 * t] = blocks[[2, 0, 1]].reshape(-1)
+
+    def logits(x: np.ndarray) -> torch.Tensor:
+        with torch.no_grad():
+            dist = policy.get_distribution(torch.as_tensor(x))
+        return torch.stack([d.logits for d in dist.distribution], dim=1)[0]  # (m, choices), normalised
+
+    a, b = logits(vec), logits(perm)
+    assert not torch.allclose(a[0], a[1], atol=1e-4)  # tenants are told apart by their features
+    assert torch.allclose(b[:3], a[[2, 0, 1]], atol=1e-5)  # permuting tenants permutes their choices
+    # padding slots: "hold" with near certainty, whatever garbage sits in their features
+    junk = vec.copy()
+    junk[0, g + 3 * t : g + m * t] = 999.0
+    c = logits(junk)
+    assert torch.allclose(c[:3], a[:3], atol=1e-5)
+    assert (c[3:].argmax(dim=1) == set_codec.HOLD).all() and (c[3:].exp()[:, set_codec.HOLD] > 0.999999).all()
+
+
+def test_set_env_passes_the_gymnasium_and_sb3_checkers_and_draws_family_instances() -> None:
+    env = SetEnv(Worlds(family="h200-mix", reward=GOODPUT))
+    check_env(env, skip_render_check=True)
+    sb3_check_env(env)
+    worlds = set()
+    for s in (1_000_000, 1_000_001, 1_000_002):
+        _, info = env.reset(seed=s)
+        worlds.add(info["world"])
+        seed = int(info["world"].split("@")[1])
+        assert 0 <= seed <= 9999  # the family's train range
+        sc = sample_scenario("h200-mix", seed)
+        assert env.scale == pytest.approx(1.0 / offered_rps(sc))
+        total = 0.0
+        for _ in range(20):
+            _, reward, _, _, info = env.step(np.full(set_codec.MAX_TENANTS, set_codec.HOLD))
+            terms = info["reward_terms"]
+            assert reward == pytest.approx(sum(terms.values()))
+            assert terms["throughput"] == 0.0 and terms["slo_violation"] == 0.0  # the reward override applies
+            total += terms["goodput"]
+        assert total > 0
+    assert len(worlds) == 3
+    # the same episode seed, the same instance and trajectory
+    a, _ = env.reset(seed=1_000_001)
+    b, _ = SetEnv(Worlds(family="h200-mix", reward=GOODPUT)).reset(seed=1_000_001)
+    assert np.array_equal(a, b)
+    val = SetEnv(Worlds(family="h200-mix", split="validation"))
+    _, info = val.reset(seed=500_000)
+    assert 10_000 <= int(info["world"].split("@")[1]) <= 10_999
+
+
+def test_family_training_writes_a_policy_that_acts_on_any_tenant_count(tmp_path: Path) -> None:
+    cfg = tmp_path / "set.yaml"
+    cfg.write_text(yaml.safe_dump({
+        "family": "h200-mix",
+        "policy": {"kind": "tenant-set", "hidden": 8},
+        "hyperparams": {"n_steps": 32, "batch_size": 32, "n_epochs": 1},
+        "reward": GOODPUT,
+        "reward_per_offered_load": True,
+        "timesteps": 64,
+        "n_envs": 2,
+        "eval": {"freq": 64, "episodes": 1},
+        "checkpoint_freq": 64,
+    }))
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", "--config", str(cfg), "--out", str(out), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    for f in ("model.zip", "vecnormalize.pkl", "config.yaml", "summary.json", "checkpoints", "tb", "best"):
+        assert (out / f).exists(), f
+    assert not (out / "scenario.yaml").exists()  # a family run is not bound to one scenario
+    assert "h200-mix@0-9999 (train)" in (out / "summary.json").read_text()
+    # one network, scenarios of 2, 3 and 8 tenants and max_step 1, 4 and 16
+    for name, horizon in (("seed-paper", 60.0), ("h200-mixed", 40.0), ("servegen-skewed", 20.0)):
+        sc = load_scenario(name, horizon_s=horizon)
+        ep = rollout(sc, f"ppo:{out}", seed=0)
+        assert ep["completed"] > 0 and len(ep["tenants"]) == len(sc.tenants)
+    controller = make_controller(f"ppo:{out}")
+    spec = load_scenario("seed-paper").control_spec()
+    controller.reset(spec, 0)
+    obs = Observation.from_vector(np.ones(Observation.vector_size(2), dtype=np.float32) * 4)
+    deltas = controller.act(obs)
+    assert len(deltas) == 2 and all(abs(d) <= spec.limits.max_step for d in deltas)
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "needle"),
+    [
+        ("family: h200-mix", "family: a family's instances have 2..8 tenants; train them with policy.kind tenant-set"),
+        ("algo: dqn\npolicy: {kind: tenant-set}", "policy.kind tenant-set needs algo ppo or a2c, got 'dqn'"),
+        ("policy: {kind: deepsets}", "policy.kind: Input should be 'mlp' or 'tenant-set'"),
+    ],
+)
+def test_tenant_set_config_errors_name_what_is_allowed(tmp_path: Path, yaml_text: str, needle: str) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml_text)
+    with pytest.raises(TrainConfigError) as err:
+        load_config(path)
+    assert needle in str(err.value)
+
+
+def test_unknown_family_is_refused_before_any_work(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    result = CliRunner().invoke(app, ["train", "--family", "no-such", "--set", "policy.kind=tenant-set",
+                                      "--out", str(out)])
+    assert result.exit_code == 2 and "unknown family 'no-such'" in result.output
+    assert not out.exists()

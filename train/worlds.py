@@ -1,0 +1,137 @@
+"""Training across worlds: an env whose every episode may be a different scenario, in the tenant-set encoding.
+
+``Worlds`` says where episodes come from: one scenario, or a family's seed range (envs/family.py: train on
+``train``, validate on ``validation``, report on ``test``). ``SetEnv`` presents them all through one
+observation and action space (admit.agents.set_codec), so one policy can learn on 2..8 tenants at once.
+
+Episode ``s`` (the seed ``reset`` gets; admit.train.wrappers.EpisodeSeeds keeps those disjoint from the
+evaluation and validation seeds) draws its instance seed uniformly from the range with
+``numpy.random.default_rng([s, 0x5E7])`` and runs that instance's workload seed ``s``: reproducible, and
+independent of the order the vector envs happen to reset in.
+
+The reward is the instance's own reward (the scenario's weights, or the training config's ``reward:``
+block), divided by the instance's offered load in requests/s when ``per_offered_load`` is set: a goodput
+reward then reads as the fraction of arriving requests served within their objectives, on the same scale
+for an instance of 5 req/s and one of 80 req/s. Every term of ``info["reward_terms"]`` is scaled alike, and
+``info["world"]`` names the instance.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from functools import lru_cache
+from typing import Any, Literal
+
+import gymnasium as gym
+import numpy as np
+from admit.agents import set_codec
+from admit.core.observation import FEATURE_MAX
+from admit.envs.env import TenantAdmissionEnv
+from admit.envs.family import load_family, mean_rate, sample_scenario
+from admit.envs.scenario import Scenario
+
+Split = Literal["train", "validation", "test"]
+
+
+@lru_cache(maxsize=512)
+def _instance(family: str, seed: int) -> Scenario:
+    return sample_scenario(family, seed)
+
+
+def with_reward(scenario: Scenario, weights: dict[str, float] | None) -> Scenario:
+    """``scenario`` with the reward weights ``weights`` (those it names) in place of its own."""
+    if not weights:
+        return scenario
+    return scenario.model_copy(update={"reward": scenario.reward.model_copy(update=weights)})
+
+
+def offered_rps(scenario: Scenario) -> float:
+    """Mean arriving requests/s over the horizon, all tenants (envs.family.mean_rate)."""
+    return float(sum(mean_rate(t.arrival, scenario.horizon_s) for t in scenario.tenants))
+
+
+@dataclass(frozen=True)
+class Worlds:
+    """One scenario, or the instances of ``family``'s ``split`` seed range (picklable, for worker processes)."""
+
+    scenario: Scenario | None = None
+    family: str | None = None
+    split: Split = "train"
+    reward: dict[str, float] | None = field(default=None, hash=False, compare=False)
+
+    def __post_init__(self) -> None:
+        if (self.scenario is None) == (self.family is None):
+            raise ValueError("Worlds needs exactly one of scenario and family")
+        if self.family is not None:
+            load_family(self.family)  # a bad name fails here, naming the bundled families
+
+    def pick(self, episode_seed: int) -> Scenario:
+        if self.scenario is not None:
+            return with_reward(self.scenario, self.reward)
+        rng = getattr(load_family(self.family or "").seeds, self.split)
+        s = int(np.random.default_rng([episode_seed, 0x5E7]).integers(rng.first, rng.last + 1))
+        return with_reward(_instance(self.family or "", s), self.reward)
+
+    def describe(self) -> str:
+        if self.scenario is not None:
+            return self.scenario.name
+        rng = getattr(load_family(self.family or "").seeds, self.split)
+        return f"{self.family}@{rng} ({self.split})"
+
+
+class SetEnv(gym.Env):
+    """Episodes from ``worlds`` in the tenant-set encoding; see the module docstring."""
+
+    metadata = {"render_modes": []}  # noqa: RUF012 (gymnasium convention)
+
+    def __init__(self, worlds: Worlds, per_offered_load: bool = True, max_tenants: int = set_codec.MAX_TENANTS) -> None:
+        self.worlds = worlds
+        self.per_offered_load = per_offered_load
+        self.max_tenants = max_tenants
+        self.observation_space = gym.spaces.Box(0.0, FEATURE_MAX, (set_codec.set_vector_size(max_tenants),),
+                                                dtype=np.float32)
+        self.action_space = gym.spaces.MultiDiscrete(np.full(max_tenants, len(set_codec.FACTORS), dtype=np.int64))
+        self._envs: OrderedDict[str, TenantAdmissionEnv] = OrderedDict()  # a few built worlds, reused
+        self.inner: TenantAdmissionEnv | None = None
+        self.scale = 1.0
+
+    def _env_for(self, sc: Scenario) -> TenantAdmissionEnv:
+        key = sc.name
+        env = self._envs.pop(key, None)
+        if env is None:
+            set_codec.check_tenants(len(sc.tenants), self.max_tenants)
+            env = TenantAdmissionEnv(sc)
+        self._envs[key] = env
+        while len(self._envs) > 8:
+            self._envs.popitem(last=False)
+        return env
+
+    def _vec(self, flat: np.ndarray) -> np.ndarray:
+        assert self.inner is not None
+        return set_codec.set_vector(flat, self.inner.n, self.inner.scenario.control_spec().limits, self.max_tenants)
+
+    def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
+        super().reset(seed=seed)
+        if seed is None:
+            seed = int(self.np_random.integers(2**31))
+        sc = self.worlds.pick(seed)
+        self.inner = self._env_for(sc)
+        self.limits = sc.control_spec().limits
+        self.scale = 1.0 / max(offered_rps(sc), 1e-9) if self.per_offered_load else 1.0
+        flat, info = self.inner.reset(seed=seed)
+        info["world"] = sc.name
+        return self._vec(flat), info
+
+    def step(self, action: Any):
+        inner = self.inner
+        if inner is None or inner.sim is None:
+            raise RuntimeError("call reset() before step()")
+        deltas = set_codec.to_deltas(np.asarray(action).reshape(-1), inner.sim.limits, self.limits)
+        action = np.asarray(deltas, dtype=np.int64) + self.limits.max_step
+        flat, reward, terminated, truncated, info = inner.step(action)
+        if self.scale != 1.0:
+            reward *= self.scale
+            info["reward_terms"] = {k: v * self.scale for k, v in info["reward_terms"].items()}
+        info["world"] = inner.scenario.name
+        return self._vec(flat), float(reward), terminated, truncated, info
