@@ -3,9 +3,11 @@
 Measures, in one run on one core:
 1. env steps per second through the Gymnasium API (random actions, seed-paper);
 2. the wall time of the whole seed-paper table (3 policies × 20 seeds × 1800 s) with admit's simulator;
-3. the same table with a SimPy model of the same world (same arrivals and service draws, same controllers
-   acting on the same Observation type), and the ratio.
-The two implementations' mean results are printed side by side so one can see they model the same thing.
+3. the same table with the SimPy peer (benchmarks/simpy_peer.py: one process per request, a
+   ``simpy.Resource`` gate per tenant, the same arrivals and service draws, the same controllers acting on
+   the same Observation type), and the ratio.
+The two implementations' mean results are printed side by side so one can see they model the same thing
+(tests/test_benchmarks.py checks they agree seed by seed).
 
     python benchmarks/seed_paper_speed.py [--seeds 20] [--repeat 3]
 """
@@ -13,137 +15,15 @@ The two implementations' mean results are printed side by side so one can see th
 from __future__ import annotations
 
 import argparse
-import math
 import time
-from collections import deque
 
 import numpy as np
-import simpy
-from admit.controllers.registry import make_controller
-from admit.core.observation import NO_SLO, Observation, TenantObservation
-from admit.core.percentiles import linear_np, linear_np_many
 from admit.envs.env import TenantAdmissionEnv
 from admit.envs.scenario import load_scenario
-from admit.envs.simulation import episode_metrics
-from admit.envs.workload import draw_tenant
 from admit.evaluate.offline import rollout
+from simpy_peer import simpy_rollout
 
 POLICIES = ("static", "naive", "differentiated")
-
-
-# ----------------------------------------------------------------------------- the SimPy version
-class _Tenant:
-    def __init__(self, limit: int) -> None:
-        self.limit = limit
-        self.in_flight = 0
-        self.waiting: deque = deque()
-        self.done: list[tuple[float, float, float]] = []  # (finish time, e2e, wait)
-        self.arrivals: list[float] = []
-        self.drops: list[float] = []
-        self.dropped = 0
-        self.completed = 0
-
-
-def simpy_rollout(sc, policy: str, seed: int) -> dict[str, float]:
-    env = simpy.Environment()
-    n = len(sc.tenants)
-    streams = np.random.SeedSequence(seed).spawn(n)
-    draws = [
-        draw_tenant(t.arrival, t.prompt_tokens, t.output_tokens, np.random.default_rng(s), sc.horizon_s)
-        for t, s in zip(sc.tenants, streams, strict=True)
-    ]
-    tenants = [_Tenant(sc.limits.initial) for _ in range(n)]
-    mean = sc.engine.mean_service_s
-    timeout = sc.admission.queue_timeout_s
-    e2e_all: list[list[float]] = [[] for _ in range(n)]
-
-    def wake(t: _Tenant) -> None:
-        while t.waiting and t.in_flight < t.limit:
-            ev = t.waiting.popleft()
-            t.in_flight += 1
-            ev.succeed()
-
-    def request(k: int, u: float):
-        t = tenants[k]
-        t0 = env.now
-        t.arrivals.append(t0)
-        if t.in_flight < t.limit and not t.waiting:
-            t.in_flight += 1
-        else:
-            ev = env.event()
-            t.waiting.append(ev)
-            res = yield ev | env.timeout(timeout)
-            if ev not in res:
-                t.waiting.remove(ev)
-                t.dropped += 1
-                t.drops.append(env.now)
-                return
-        wait = env.now - t0
-        yield env.timeout(-mean * math.log(1.0 - u))
-        t.in_flight -= 1
-        t.completed += 1
-        t.done.append((env.now, env.now - t0, wait))
-        e2e_all[k].append(env.now - t0)
-        wake(t)
-
-    def source(k: int):
-        d = draws[k]
-        for at, u in zip(d.times, d.u_service, strict=True):
-            yield env.timeout(at - env.now)
-            env.process(request(k, u))
-
-    spec = sc.control_spec()
-    ctrl = make_controller(policy)
-    ctrl.reset(spec, seed)
-    lim = spec.limits
-
-    def observe() -> Observation:
-        now, w = env.now, sc.window_s
-        obs_t = []
-        for t, ts in zip(tenants, spec.tenants, strict=True):
-            recent = [x for x in t.done if x[0] > now - w]
-            # percentiles.LINEAR, by numpy (the simulator's own windows compute the same in pure Python)
-            e2e = linear_np_many([x[1] for x in recent], [50, 95, 99]) if recent else [0.0] * 3
-            wq = linear_np([x[2] for x in recent], 99) if recent else 0.0
-            obs_t.append(
-                TenantObservation(
-                    queue_depth=len(t.waiting),
-                    in_flight=t.in_flight,
-                    limit=t.limit,
-                    arrivals=sum(1 for a in t.arrivals if a > now - w),
-                    completions=len(recent),
-                    drops=sum(1 for a in t.drops if a > now - w),
-                    e2e_p50=e2e[0],
-                    e2e_p95=e2e[1],
-                    e2e_p99=e2e[2],
-                    ttft_p50=0.0,
-                    samples=len(recent),
-                    queue_wait_p99=wq,
-                    slo_e2e_p99=ts.slo_e2e_p99_s if ts.slo_e2e_p99_s < math.inf else NO_SLO,
-                )
-            )
-        busy = sum(t.in_flight for t in tenants)
-        return Observation(now, w, busy / sc.engine.slots, busy, 0, obs_t)
-
-    def control():
-        while True:
-            deltas = ctrl.act(observe())
-            for t, d in zip(tenants, deltas, strict=True):
-                t.limit = lim.clamp(t.limit + d)
-                wake(t)
-            yield env.timeout(sc.interval_s)
-
-    for k in range(n):
-        env.process(source(k))
-    env.process(control())
-    env.run(until=sc.horizon_s)
-    from admit.envs.simulation import TenantTotals
-
-    totals = [
-        TenantTotals(arrived=len(t.arrivals), completed=t.completed, dropped=t.dropped, e2e=e2e_all[k])
-        for k, t in enumerate(tenants)
-    ]
-    return episode_metrics(totals, sc.horizon_s)
 
 
 # ----------------------------------------------------------------------------- measurement
