@@ -112,10 +112,14 @@ def baseline(scenario: str) -> tuple[str, str | None]:
     return BEST, None
 
 
+GENERAL = "general"  # agents/pretrained/ppo-general: the tenant-set policy, one for every scenario
+
+
 def learned_policies(scenario: str) -> list[str]:
-    """Shipped learned policies for ``scenario``: trained for it, or for its family (``FAMILY@SEED``)."""
+    """Shipped learned policies for ``scenario``: trained for it, for its family (``FAMILY@SEED``), or for
+    every scenario (``ppo:general``, the tenant-set policy)."""
     folder = resources.files("admit.agents").joinpath("pretrained")
-    names = [scenario] + ([scenario.partition("@")[0]] if "@" in scenario else [])
+    names = [scenario] + ([scenario.partition("@")[0]] if "@" in scenario else []) + [GENERAL]
     out = []
     for name in names:
         for algo in ("ppo", "a2c", "dqn", "sac"):
@@ -173,10 +177,14 @@ def skipped(scenario: str) -> list[str]:
             f"`{BEST}` is not in this table: {why}. The baseline is plain `{STATIC}`, the scenario's untuned "
             "initial caps, so every verdict here is against caps nobody tuned."
         )
-    if not any(p.startswith("ppo:") for p in learned_policies(scenario)):
+    own = [p for p in learned_policies(scenario) if p.startswith("ppo:") and p != f"ppo:{GENERAL}"]
+    if not own:
+        general = f"ppo:{GENERAL}" in learned_policies(scenario)
         notes.append(
-            f"PPO is not in this table: no policy was trained for {scenario} (agents/pretrained/ppo-{scenario} "
-            f"does not exist; `admit train --config train/configs/ppo-{scenario}.yaml` would write one)."
+            f"{'No per-scenario PPO policy' if general else 'PPO'} is in this table: none was trained for "
+            f"{scenario} (agents/pretrained/ppo-{scenario} does not exist; `admit train --config "
+            f"train/configs/ppo-{scenario}.yaml` would write one)"
+            + (f"; `ppo:{GENERAL}`, one policy for every scenario, is." if general else ".")
         )
     if scenario != LLM_SCENARIO:
         notes.append(f"The LLM policy runs on {LLM_SCENARIO} only (a CPU-served model needs seconds per call).")

@@ -108,10 +108,12 @@ def test_results_cover_seed_paper_and_every_token_scenario_and_say_why_a_policy_
     assert set(default[1:]) == token
     # a shipped policy joins the scenario with its name, and only that one
     assert "ppo:seed-paper" in results.policies_for("seed-paper")
-    assert not any(p.startswith("ppo:") for p in results.policies_for("no-such-scenario"))
+    general = [p for p in results.policies_for("seed-paper") if p == "ppo:general"]
+    assert [p for p in results.policies_for("no-such-scenario") if p.startswith("ppo:")] == general
     assert not any("PPO" in n for n in results.skipped("seed-paper"))
     (ppo_note,) = [n for n in results.skipped("no-such-scenario") if "PPO" in n]
     assert "agents/pretrained/ppo-no-such-scenario does not exist" in ppo_note
+    assert ("`ppo:general`, one policy for every scenario, is." in ppo_note) == bool(general)
     # without a model server the LLM policy is left out, and the note says how to include it
     assert not any(p.startswith("llm:") for p in results.policies_for("seed-paper"))
     assert any("ADMIT_LLM_URL` was unset" in n for n in results.skipped("seed-paper"))
