@@ -76,6 +76,8 @@ def test_train_writes_every_artefact(runs: dict[str, Path], algo: str) -> None:
         "episode/reward",
         "episode/throughput_rps",
         "episode/p99_s",
+        "episode/goodput_rps",
+        "episode/worst_attainment",
         "episode/dropped",
         "episode/mean_limit",
         *(f"episode/reward_terms/{t}" for t in ("throughput", "goodput", "slo_violation", "drop", "cost", "change")),

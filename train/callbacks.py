@@ -3,7 +3,8 @@
 - ``EpisodeMetricsLogger`` reads the env's ``info`` (see admit.envs.env) and logs, averaged over the
   episodes that ended since the last dump: ``episode/reward`` (the raw, unnormalised return), every term of
   ``info["reward_terms"]`` summed over the episode (``episode/reward_terms/<term>``), the episode metrics
-  at truncation (``episode/throughput_rps``, ``episode/p99_s``, ``episode/dropped``, ...) and the mean
+  at truncation (``episode/goodput_rps``, ``episode/attainment``, ``episode/worst_attainment``,
+  ``episode/throughput_rps``, ``episode/p99_s``, ``episode/dropped``, ...) and the mean
   per-tenant limit (``episode/mean_limit``), which shows what a policy learned to do with the lever.
 - ``SeededEvalCallback`` is SB3's EvalCallback, but every evaluation restarts the validation seed
   schedule (admit.train.wrappers.EpisodeSeeds), so all evaluations score the same episodes and the
@@ -21,7 +22,10 @@ from typing import Any
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
-EPISODE_METRICS = ("throughput_rps", "p99_s", "p50_s", "ttft_p99_s", "dropped", "slo_attainment", "jain_fairness")
+EPISODE_METRICS = (
+    "goodput_rps", "attainment", "worst_attainment", "throughput_rps", "p99_s", "p50_s", "ttft_p99_s", "dropped",
+    "slo_attainment", "jain_fairness",
+)
 
 
 class EpisodeMetricsLogger(BaseCallback):
