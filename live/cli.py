@@ -84,28 +84,31 @@ def control(
 
 
 def demo(
-    duration: float = typer.Option(75.0, min=5, help="seconds of load per run (two runs)"),
-    policy: str = typer.Option("ppo:agents/pretrained/ppo-seed-paper",
-                               help="the policy run after static (falls back to robust)"),
-    out: Path = typer.Option(Path("results/demo.json"), help="where to write the before/after JSON"),
-    seed: int = typer.Option(1, help="seed of the load (both runs get the same requests)"),
-    bursty_rps: float = typer.Option(3.0, help="mean request rate of the bursty tenant"),
-    steady_rps: float = typer.Option(2.0, help="request rate of the steady tenant"),
-    limit: int = typer.Option(
-        2, min=1, max=4, help="both tenants' configured limit: static holds it, the policy starts there"
-    ),
+    scenario: str = typer.Option("long-context-chat", help="token-engine scenario whose tenants interfere"),
+    duration: float = typer.Option(45.0, min=5, help="seconds of the scenario's requests per policy"),
+    policy: list[str] = typer.Option(
+        ["static:best", "token:best", "ppo:general"],
+        help="policies, the first the baseline (repeat); one that does not load is left out, with a note"),
+    out: Path = typer.Option(Path("results/demo.json"), help="where to write the JSON"),
+    seed: int = typer.Option(1, help="the seed of the requests (every policy gets the same)"),
     workdir: Path | None = typer.Option(None, help="keep logs and configs here (default: a temp dir, removed)"),
 ) -> None:
-    """The live loop end to end on 127.0.0.1: emulator, gateway, control loop, two-tenant load; static vs policy."""
+    """The live stack on 127.0.0.1 (emulator, gateway, control loop, load) per policy on the same requests of
+    a scenario whose tenants interfere; per-tenant goodput and attainment."""
+    from admit.envs.scenario import ScenarioError
     from admit.live.demo import run_demo
     from admit.live.stack import cli_exit
     from rich.console import Console
 
     console = Console()
-    if console.width < 110:
-        console = Console(width=110)
-    with cli_exit():
-        run_demo(duration, policy, out, seed, bursty_rps, steady_rps, limit, workdir, console)
+    if console.width < 120:
+        console = Console(width=120)
+    try:
+        with cli_exit():
+            run_demo(scenario, duration, policy, out, seed, workdir, console)
+    except (ScenarioError, ValueError) as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
 
 
 def sim2live(

@@ -1,15 +1,19 @@
-"""`admit demo`: the whole live loop on one machine, static limits first, then a trained policy.
+"""`admit demo`: the live stack on a workload whose tenants interfere, the strongest static caps against the
+adaptive policies, per-tenant goodput.
 
-On 127.0.0.1: the emulator (token engine, h200-llama3-8b), then twice a fresh gateway with two tenants
-(`bursty`: gamma arrivals, squared CV 10; `steady`: Poisson), the control loop and `admit loadgen`
-driving the same seeded two-tenant load — once with `static` (the limits stay as configured), once
-with the policy. Prints a before/after table and writes it as JSON. Every process is stopped on exit,
-error, Ctrl-C or SIGTERM; the run is bounded by ~2 × (duration + start-up).
+On 127.0.0.1, for each policy on a fresh emulator (the scenario's preset, so no KV or prefix cache carries
+over between runs): a gateway with the scenario's tenants, limits, queues and SLOs, `admit control` driving
+it with the policy, and `admit loadgen` replaying the same requests — the scenario's draws for ``--seed``,
+cut to ``--duration`` seconds (admit.live.sim2live's trace replay). The default scenario is
+long-context-chat: a long-context tenant (prompts of thousands up to 100k tokens) beside an interactive chat
+tenant, where the scenario's default caps thrash the KV cache.
 
-The tenants mirror the seed-paper scenario the shipped PPO policy was trained on (names, limits 1–4,
-step 1, 3 s decisions, 6 s windows, 3 s queue timeout, e2e SLO 12 s), so it acts on the features it
-knows; the load is scaled so a burst overruns the limits. Both runs start from the same configured limit
-(``--limit``, default 2): static holds it, the policy moves it — which is what the table compares.
+The default policies: ``static:best`` (per-tenant caps tuned for goodput offline on seeds 900000–900004,
+shipped in evaluate/static_best/; never the demo's seed), the best hand-written controller on this scenario
+in docs/RESULTS.md (``token:best``), and ``ppo:general`` (the one learned policy for every scenario) when it
+is shipped. A request is good when it completes within every per-request objective of its tenant (the
+load generator checks them as the simulator does); a tenant's attainment is its good requests over all
+its arrivals. Every process is stopped on exit, error, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
@@ -19,115 +23,96 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from admit.envs.scenario import TokenEngineConfig, load_scenario
 from admit.live.run import run_live
+from admit.live.sim2live import gateway_config, load_config, replay_requests, write_trace
 from admit.live.stack import Stack
 from rich.console import Console
 from rich.table import Table
 
-DEFAULT_POLICY = "ppo:agents/pretrained/ppo-seed-paper"
-FALLBACK_POLICY = "robust"
-TENANTS = ("bursty", "steady")
+SCENARIO = "long-context-chat"
+POLICIES = ("static:best", "token:best", "ppo:general")
 
 
-def gateway_config(limit: int) -> dict[str, Any]:
-    return {
-        "telemetry": {"scrape_interval_s": 1, "stale_after_s": 5, "window_s": 6},
-        "control": {"min_limit": 1, "max_limit": 4, "max_step": 1, "interval_s": 3},
-        "tenants": [
-            {"name": n, "api_keys": [f"sk-demo-{n}-key"], "limit": limit, "max_queue": 64, "queue_timeout_s": 3,
-             "slo": {"e2e_s": 12, "e2e_p99_s": 12}}
-            for n in TENANTS
-        ],
-    }
-
-
-def load_config(duration: float, seed: int, bursty_rps: float, steady_rps: float) -> dict[str, Any]:
-    common = {"prompt": "512", "output": "128"}
-    return {
-        "api": "completions",
-        "duration": duration,
-        "seed": seed,
-        "workers": 1,
-        "timeout": 60,
-        "lag_bound_ms": 50,
-        "tenants": [
-            {"name": "bursty", "rate": bursty_rps, "arrival": "gamma", "burstiness": 0.1,
-             "api_key": "sk-demo-bursty-key", **common},
-            {"name": "steady", "rate": steady_rps, "arrival": "poisson", "api_key": "sk-demo-steady-key", **common},
-        ],
-    }
-
-
-def policy_loads(policy: str) -> str | None:
-    """None if ``policy`` can be built and reset for seed-paper, else why not."""
+def policy_loads(policy: str, scenario: str) -> str | None:
+    """None if ``policy`` can be built and reset on ``scenario``'s control spec, else why not."""
     try:
         from admit.controllers.registry import make_controller
-        from admit.envs.scenario import load_scenario
 
-        make_controller(policy).reset(load_scenario("seed-paper").control_spec())
+        make_controller(policy).reset(load_scenario(scenario).control_spec(), 0)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
 
 
-def _fmt(v: float | None, scale: float = 1.0, digits: int = 2) -> str:
-    return "—" if v is None else f"{v * scale:.{digits}f}"
+def _fmt(v: float | None, digits: int = 2) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
 
 
 def print_table(result: dict[str, Any], console: Console) -> None:
     runs = result["runs"]
-    table = Table(title=f"admit demo: static limits vs {runs['policy']['policy']} ({result['duration_s']:g} s each)")
-    for col in ("run", "tenant", "done", "req/s", "TTFT p99 s", "e2e p99 s", "429 full", "429 TTL (drops)",
-                "limits (decisions)"):
-        left = col in ("run", "tenant", "limits (decisions)")
-        table.add_column(col, justify="left" if left else "right", no_wrap=True)
-    for label, run in runs.items():
+    table = Table(title=f"admit demo: {result['scenario']}, {result['requests']} requests over "
+                        f"{result['duration_s']:g} s, the same for every policy (seed {result['seed']})")
+    for col in ("policy", "tenant", "arrived", "good", "goodput req/s", "attainment", "TTFT p99 s", "e2e p99 s",
+                "drops", "mean limit"):
+        table.add_column(col, justify="left" if col in ("policy", "tenant") else "right", no_wrap=True)
+    for pol, run in runs.items():
+        first = True
         for name, t in run["tenants"].items():
             lim = t["limits"]
-            span = f"{lim[0]}→{lim[-1]} (mean {sum(lim) / len(lim):.1f})" if lim else str(t["final_limit"])
-            table.add_row(label if name == TENANTS[0] else "", name, str(t["completed"]), _fmt(t["throughput_rps"]),
-                          _fmt(t["ttft_p99_s"]), _fmt(t["e2e_p99_s"]), str(t["queue_full"]), str(t["ttl_expired"]),
-                          span)
-        table.add_row("", "all", str(run["completed"]), _fmt(run["throughput_rps"]), _fmt(run["ttft_p99_s"]),
-                      _fmt(run["e2e_p99_s"]), str(sum(t["queue_full"] for t in run["tenants"].values())),
-                      str(sum(t["ttl_expired"] for t in run["tenants"].values())), "", end_section=True)
+            table.add_row(pol if first else "", name, str(t["scheduled"]), str(t["good"]), _fmt(t["goodput_rps"], 3),
+                          _fmt(t["attainment"], 3), _fmt(t["ttft_p99_s"]), _fmt(t["e2e_p99_s"]),
+                          str(t["ttl_expired"] + t["queue_full"]), _fmt(sum(lim) / len(lim) if lim else None, 1))
+            first = False
+        tot = run["tenants"].values()
+        sched = sum(t["scheduled"] for t in tot)
+        good = sum(t["good"] for t in tot)
+        table.add_row("", "all", str(sched), str(good), _fmt(good / run["duration_s"], 3),
+                      _fmt(good / sched if sched else None, 3), _fmt(run["ttft_p99_s"]), _fmt(run["e2e_p99_s"]),
+                      str(sum(t["ttl_expired"] + t["queue_full"] for t in tot)), "", end_section=True)
     console.print(table)
+    base = next(iter(runs))
+    g0 = runs[base]["goodput_rps"]
+    for pol, run in list(runs.items())[1:]:
+        ratio = f"{run['goodput_rps'] / g0:.3f}×" if g0 else "—"
+        console.print(f"{pol}: goodput {run['goodput_rps']:.3f} req/s against {base}'s {g0:.3f} ({ratio}); "
+                      "one seed, live: docs/RESULTS.md has the 20-seed verdicts")
 
 
-def run_demo(duration: float, policy: str, out: Path, seed: int, bursty_rps: float, steady_rps: float, limit: int,
-             workdir: Path | None, console: Console) -> dict[str, Any]:
-    note = None
-    why = policy_loads(policy)
-    if why is not None:
-        note = f"policy {policy} did not load ({why}); using {FALLBACK_POLICY} instead"
-        console.print(f"[yellow]{note}[/yellow]")
-        policy = FALLBACK_POLICY
-    with tempfile.TemporaryDirectory(prefix="admit-demo-") as tmp, Stack(workdir or Path(tmp)) as stack:
-        console.print("starting the emulator (h200-llama3-8b) on 127.0.0.1 ...")
-        emu = stack.emulator("--preset", "h200-llama3-8b", "--max-model-len", "8192", "--seed", str(seed))
-        load = load_config(duration, seed, bursty_rps, steady_rps)
-        runs = {}
-        for label, pol in (("static", "static"), ("policy", policy)):
-            console.print(f"run '{label}': gateway + control loop ({pol}) + admit loadgen for {duration:g} s ...")
-            cfg = gateway_config(limit)
-            runs[label] = run_live(stack, emu, label, cfg, load, pol, 3.0, scenario="seed-paper", start_on_traffic=True)
-        lateness = _emulator_lateness(stack, emu)
-    result = {"duration_s": duration, "seed": seed, "policy": policy, "initial_limit": limit, "note": note,
-              "backend": "admit emulate",
-              "load": load, "emulator_lateness": lateness, "runs": runs}
+def run_demo(scenario: str, duration: float, policies: list[str], out: Path, seed: int, workdir: Path | None,
+             console: Console) -> dict[str, Any]:
+    sc = load_scenario(scenario, horizon_s=duration)
+    if not isinstance(sc.engine, TokenEngineConfig):
+        raise ValueError(f"the demo needs a token-engine scenario (the emulator runs the token engine); "
+                         f"{scenario} has a {sc.engine.kind} engine")
+    notes, chosen = [], []
+    for pol in policies:
+        why = policy_loads(pol, scenario)
+        if why is None:
+            chosen.append(pol)
+        else:
+            notes.append(f"{pol} is left out: it did not load ({why})")
+            console.print(f"[yellow]{notes[-1]}[/yellow]")
+    if not chosen:
+        raise ValueError("no policy of " + ", ".join(policies) + " loads")
+    requests = replay_requests(sc, seed)
+    runs: dict[str, Any] = {}
+    with tempfile.TemporaryDirectory(prefix="admit-demo-") as tmp:
+        root = workdir or Path(tmp)
+        for i, pol in enumerate(chosen):
+            with Stack(root / f"run{i}") as stack:
+                trace = stack.workdir / "requests.jsonl"
+                write_trace(sc, requests, trace)
+                console.print(f"{pol}: emulator ({sc.engine.preset}) + gateway + control loop + admit loadgen, "
+                              f"{len(requests)} requests over {duration:g} s ...")
+                emu = stack.emulator("--preset", sc.engine.preset, "--seed", str(seed))
+                runs[pol] = run_live(stack, emu, "live", gateway_config(sc), load_config(sc, trace), pol,
+                                     sc.interval_s, scenario=scenario, start_on_traffic=True)
+                runs[pol].pop("decision_log", None)
+    result = {"scenario": scenario, "duration_s": duration, "seed": seed, "requests": len(requests),
+              "policies": chosen, "notes": notes, "backend": "admit emulate", "runs": runs}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result, console)
-    if lateness is not None:
-        console.print(f"emulator lateness p99 {lateness['p99_ms']:.1f} ms (seconds would mean the CPU was short)")
     console.print(f"wrote {out}")
     return result
-
-
-def _emulator_lateness(stack: Stack, emu: str) -> dict[str, float] | None:
-    """The emulator loop's event lateness (p50/p90/p99, ms): seconds mean the CPU could not keep up."""
-    try:
-        q = stack.admin(emu, "/debug/requests", timeout=30)["event_lateness_s"]
-    except (OSError, KeyError, TypeError, ValueError):
-        return None
-    return {f"{k}_ms": round(float(v) * 1000, 2) for k, v in q.items()}

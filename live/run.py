@@ -96,9 +96,15 @@ def run_live(
     for name, block in stage["tenants"].items():
         gst = state["tenants"].get(name, {})
         done = block["requests"]["completed"]
+        good = int(block["requests"]["good"])
+        scheduled = int(block["load_summary"]["scheduled"])
         tenants[name] = {
+            "scheduled": scheduled,
             "sent": block["load_summary"]["sent"],
             "completed": done,
+            "good": good,
+            "goodput_rps": round(good / duration, 4),
+            "attainment": round(good / scheduled, 4) if scheduled else None,
             "throughput_rps": round(done / duration, 4),
             "ttft_p99_s": _p99_s(block, "time_to_first_token"),
             "e2e_p99_s": _p99_s(block, "request_latency"),
@@ -118,6 +124,7 @@ def run_live(
         "invalid_reasons": stage["invalid_reasons"],
         "completed": done_all,
         "throughput_rps": round(done_all / duration, 4),
+        "goodput_rps": round(sum(t["good"] for t in tenants.values()) / duration, 4),
         "ttft_p99_s": _p99_s(stage, "time_to_first_token"),
         "e2e_p99_s": _p99_s(stage, "request_latency"),
         "e2e_p50_s": _p50_s(stage),

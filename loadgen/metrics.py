@@ -21,6 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from admit.core.slo import SLO
 from admit.loadgen.histogram import Histogram
 
 LATENCY_METRICS = (
@@ -100,3 +101,10 @@ class TenantMetrics:
 def slo_limits_ns(slo_ms: dict[str, float]) -> dict[str, int]:
     """SLO thresholds keyed by metric name, in nanoseconds."""
     return {SLO_METRIC[k]: int(v * 1_000_000) for k, v in slo_ms.items()}
+
+
+def request_limits_ns(slo: SLO) -> dict[str, int]:
+    """A tenant's per-request objectives (core/slo.py: ttft_s, tpot_s, e2e_s) as thresholds in nanoseconds,
+    keyed like `slo_limits_ns`; empty when the tenant has none."""
+    pairs = (("ttft", slo.ttft_s), ("tpot", slo.tpot_s), ("e2e", slo.e2e_s))
+    return {k: int(v * 1e9) for k, v in pairs if v is not None}

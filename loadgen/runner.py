@@ -26,7 +26,7 @@ from time import monotonic_ns
 
 from admit.loadgen.config import ConfigError, RunConfig
 from admit.loadgen.encode import Target, TenantTemplate, tenant_headers
-from admit.loadgen.metrics import TenantMetrics, slo_limits_ns
+from admit.loadgen.metrics import TenantMetrics, request_limits_ns, slo_limits_ns
 from admit.loadgen.schedule import build_schedule
 from admit.loadgen.worker import NS, WorkerJob, WorkerResult
 
@@ -181,6 +181,7 @@ def run_stage(
             throttle=cfg.throttle,
             throttle_k=cfg.throttle_k,
             slo_ns=slo_limits_ns(cfg.slo),
+            tenant_slo_ns=[request_limits_ns(t.slo) for t in cfg.tenants],
             seed=cfg.seed + 7919 * stage,
             warmup_ns=int(cfg.warmup * NS),
         )

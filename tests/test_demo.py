@@ -1,8 +1,8 @@
-"""`admit demo` end to end on loopback, shortened: both runs complete requests, and nothing is left running.
+"""`admit demo` end to end on loopback, shortened: every run completes requests, and nothing is left running.
 
-The demo starts the emulator, two gateways, two control loops and two load generators as process groups
-and writes each pid to ``pids.txt`` in its working directory; after a normal exit, and after a SIGTERM
-in the middle of a run, every one of them must be gone.
+Per policy the demo starts an emulator, a gateway, a control loop and a load generator as process groups
+and writes each pid to ``pids.txt`` in that run's working directory (``run0/``, ``run1/``); after a normal
+exit, and after a SIGTERM in the middle of a run, every one of them must be gone.
 """
 
 from __future__ import annotations
@@ -23,12 +23,16 @@ pytestmark = pytest.mark.timeout(300)
 
 
 def _pids(workdir: Path) -> dict[str, int]:
-    path = workdir / "pids.txt"
-    if not path.is_file():
-        return {}
-    # only complete lines: the demo may be appending one while we read (a line is "name pid\n")
-    lines = path.read_text().split("\n")[:-1]
-    return {name: int(pid) for name, pid in (line.split() for line in lines)}
+    """The pids a stack in ``workdir`` recorded, and those of the demo's per-run stacks in run*/ ("run0/name")."""
+    out = {}
+    for path in [workdir / "pids.txt", *sorted(workdir.glob("run*/pids.txt"))]:
+        if not path.is_file():
+            continue
+        prefix = "" if path.parent == workdir else f"{path.parent.name}/"
+        # only complete lines: the demo may be appending one while we read (a line is "name pid\n")
+        lines = path.read_text().split("\n")[:-1]
+        out.update({f"{prefix}{name}": int(pid) for name, pid in (line.split() for line in lines)})
+    return out
 
 
 def _all_gone(pids: dict[str, int], timeout: float = 10) -> list[str]:
@@ -42,34 +46,41 @@ def _all_gone(pids: dict[str, int], timeout: float = 10) -> list[str]:
 
 def _demo(tmp_path: Path, *args: str) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "admit.cli", "demo", "--policy", "robust", "--out", str(tmp_path / "demo.json"),
+        [sys.executable, "-m", "admit.cli", "demo", "--policy", "static", "--policy", "robust",
+         "--out", str(tmp_path / "demo.json"),
          "--workdir", str(tmp_path / "work"), *args],
         stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
 
 
-def test_demo_runs_static_and_policy_and_cleans_up(tmp_path: Path) -> None:
-    proc = _demo(tmp_path, "--duration", "6")
+def test_demo_runs_every_policy_on_the_same_requests_and_cleans_up(tmp_path: Path) -> None:
+    proc = _demo(tmp_path, "--duration", "6", "--policy", "ppo:no-such-policy")
     out, _ = proc.communicate(timeout=240)
     assert proc.returncode == 0, out
     data = json.loads((tmp_path / "demo.json").read_text())
-    assert set(data["runs"]) == {"static", "policy"} and data["runs"]["policy"]["policy"] == "robust"
+    assert data["scenario"] == "long-context-chat" and data["policies"] == ["static", "robust"]
+    assert len(data["notes"]) == 1 and "ppo:no-such-policy is left out" in data["notes"][0]  # named, not run
     for run in data["runs"].values():
-        assert set(run["tenants"]) == {"bursty", "steady"}
+        assert set(run["tenants"]) == {"long-context", "chat"}
         for t in run["tenants"].values():
-            assert t["completed"] > 0 and t["e2e_p99_s"] > 0
+            assert t["scheduled"] > 0 and t["completed"] > 0 and t["e2e_p99_s"] > 0
+            assert 0 <= t["good"] <= t["completed"] and t["attainment"] == round(t["good"] / t["scheduled"], 4)
         assert run["decisions"] >= 1  # the loop really ran
-    assert data["runs"]["static"]["tenants"]["bursty"]["limits"][-1] == data["initial_limit"]  # static holds
-    assert "static" in out and "bursty" in out  # the table was printed
+        assert run["goodput_rps"] == round(sum(t["good"] for t in run["tenants"].values()) / 6, 4)
+    arrived = {p: {n: t["scheduled"] for n, t in r["tenants"].items()} for p, r in data["runs"].items()}
+    assert arrived["static"] == arrived["robust"]  # the same requests for every policy
+    assert set(data["runs"]["static"]["tenants"]["chat"]["limits"]) == {64}  # static holds the initial caps
+    assert "goodput req/s" in out and "long-context" in out  # the table was printed
     pids = _pids(tmp_path / "work")
-    assert {"emulator", "gateway-static", "control-static", "loadgen-static", "gateway-policy"} <= set(pids)
+    started = {"run0/emulator", "run0/gateway-live", "run0/control-live", "run0/loadgen-live", "run1/gateway-live"}
+    assert started <= set(pids)
     assert _all_gone(pids) == []
 
 
 def test_sigterm_mid_run_stops_every_process(tmp_path: Path) -> None:
     proc = _demo(tmp_path, "--duration", "60")
     deadline = time.monotonic() + 120
-    while "loadgen-static" not in _pids(tmp_path / "work"):
+    while "run0/loadgen-live" not in _pids(tmp_path / "work"):
         assert proc.poll() is None and time.monotonic() < deadline, "the demo never started its load"
         time.sleep(0.05)
     pids = _pids(tmp_path / "work")

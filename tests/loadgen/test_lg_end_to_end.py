@@ -278,3 +278,21 @@ def test_streaming_stays_the_default(mock_server):
     r = run_stage(cfg, "mock")
     m = r.tenants["a"]
     assert m.errors == {} and m.ok == m.scheduled and m.hist["itl"].count == 2 * m.ok
+
+
+def test_a_tenants_own_per_request_objectives_decide_its_good_requests(mock_server, tmp_path):
+    """``good`` per tenant by its own ttft_s / tpot_s / e2e_s (the simulator's rule); else the run-level slo."""
+    url = mock_server(ttft_ms=TTFT_MS, itl_ms=ITL_MS)
+    p = tmp_path / "slo.yaml"
+    p.write_text("\n".join([
+        f"url: {url}", "model: mock", "duration: 1.5", "workers: 1", "slo: {ttft_ms: 5}",
+        "tenants:",
+        f"  - {{name: tight, rate: 20, output: {TOKENS}, slo: {{ttft_s: 0.005}}}}",  # 20 ms TTFT misses it
+        f"  - {{name: loose, rate: 20, output: {TOKENS}, slo: {{ttft_s: 1.0, tpot_s: 0.5, e2e_p99_s: 0.001}}}}",
+        f"  - {{name: shared, rate: 20, output: {TOKENS}}}",  # the run-level 5 ms TTFT bound
+    ]))
+    r = run_stage(load_yaml(p).validate(), "mock")
+    tight, loose, shared = (r.tenants[n] for n in ("tight", "loose", "shared"))
+    assert tight.ok > 0 and tight.good == 0
+    assert loose.ok > 0 and loose.good == loose.ok  # a p99 objective is not a per-request one
+    assert shared.ok > 0 and shared.good == 0
