@@ -572,7 +572,8 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
         f"{REPRODUCTION} also keeps the seed study's verdict, Pareto-dominating plain static on throughput, e2e "
         "p99 and drops (docs/reproduction.md, which argues why nothing can win there).",
         "The policies are described in docs/controllers.md; the PPO policies (`ppo:<scenario>`, one trained per "
-        "scenario on seeds disjoint from these) in docs/training.md.",
+        "scenario on seeds disjoint from these, and `ppo:general`, one tenant-set policy trained across the "
+        "h200-mix family's train seeds for every scenario) in docs/training.md.",
         "",
         f"Wall time of this run ({workers} worker process{'es' if workers > 1 else ''}): " + "; ".join(timings) + "."
         + (" A re-run (`--rerun`) evaluated the baseline again, got its stored figures seed by seed, and replaced "
