@@ -101,8 +101,8 @@ def demo(
     from rich.console import Console
 
     console = Console()
-    if console.width < 120:
-        console = Console(width=120)
+    if console.width < 132:
+        console = Console(width=132)
     try:
         with cli_exit():
             run_demo(scenario, duration, policy, out, seed, workdir, console)
