@@ -100,13 +100,17 @@ def test_every_shipped_folder_is_a_small_complete_policy_named_after_its_scenari
     assert {f"ppo-{s}" for s in SHIPPED_SCENARIOS} <= set(folders)
     for name in folders:
         folder = PRETRAINED / name
-        for f in ("model.zip", "vecnormalize.pkl", "config.yaml", "scenario.yaml"):
+        algo, _, scenario = name.partition("-")
+        trained = yaml.safe_load((folder / "config.yaml").read_text())
+        general = scenario == "general"  # the tenant-set policy, trained across a family, for every scenario
+        for f in ("model.zip", "vecnormalize.pkl", "config.yaml", *(() if general else ("scenario.yaml",))):
             assert (folder / f).is_file(), f"{name}/{f}"
         # a 64x64 MLP with its Adam state (SB3's load wants it): ~0.2 MB for 2-3 tenants, ~0.45 MB for eight
         assert sum(p.stat().st_size for p in folder.iterdir()) < 600_000, name
-        algo, _, scenario = name.partition("-")
-        trained = yaml.safe_load((folder / "config.yaml").read_text())
-        assert (trained["algo"], trained["scenario"]) == (algo, scenario), name
+        if general:
+            assert trained["algo"] == algo and trained["family"] and trained["policy"]["kind"] == "tenant-set"
+        else:
+            assert (trained["algo"], trained["scenario"]) == (algo, scenario), name
 
 
 @pytest.mark.parametrize("scenario", SHIPPED_SCENARIOS)
@@ -149,3 +153,23 @@ def test_wrong_algorithm_or_scenario_shape_is_refused() -> None:
     ctrl = make_controller("ppo:seed-paper")
     with pytest.raises(ValueError, match=r"trained on 2 tenants; this scenario has 3"):
         ctrl.reset(load_scenario("h200-mixed").control_spec(), 0)
+
+
+def test_shipped_general_policy_acts_on_every_tenant_count_and_max_step() -> None:
+    """ppo:general is one network for 2, 3 and 8 tenants and max_step 1, 4 and 16, deterministic."""
+    for scenario in ("seed-paper", "h200-mixed", "servegen-skewed", "long-context-chat", "h200-mix@11000"):
+        sc = load_scenario(scenario)
+        spec, k = sc.control_spec(), sc.limits.max_step
+        assert "ppo:general" in policies_for(scenario)  # admit results puts it into every table
+        ctrl = make_controller("ppo:general")
+        ctrl.reset(spec, 0)
+        sim = Simulation(sc, 3)
+        moved = 0
+        for _ in range(30):
+            obs = sim.observe()
+            deltas = ctrl.act(obs)
+            assert deltas == ctrl.act(obs)
+            assert len(deltas) == len(sc.tenants) and all(type(d) is int and -k <= d <= k for d in deltas)
+            moved += sum(d != 0 for d in deltas)
+            sim.apply_deltas(deltas)
+        assert moved > 0, scenario  # it uses the lever
