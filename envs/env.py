@@ -176,6 +176,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         − w.drop · (drops + rejections) / Δ − w.cost · Σ limits / (n · limits.max)
         − w.change · Σ |new limit − old limit|
 
+    With ``reward.tenant_weights`` each tenant's counts are multiplied by its ``weight`` first.
     A completion over its tenant's e2e or TTFT objective is a violation; a *good* request completed within
     every per-request objective of its tenant (``ttft_s``, ``tpot_s``, ``e2e_s``: what goodput counts).
     ``goodput`` weighs 0 unless the scenario or the training config sets it. seed-paper weighs throughput 1,
@@ -353,17 +354,25 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         limits = sim.step(deltas)
         dt = sc.interval_s
         completions = violations = lost = good = 0
-        for t in sim.take_interval_totals():
+        w = sc.reward
+        totals = sim.take_interval_totals()
+        for t in totals:
             completions += t.completed
             violations += t.slo_violations
             lost += t.dropped + t.rejected
             good += t.good
-        w = sc.reward
+        counted: tuple[float, float, float, float] = (completions, good, violations, lost)
+        if w.tenant_weights:  # the same counts, each tenant's times its weight
+            counted = tuple(  # type: ignore[assignment]
+                sum(tc.weight * x for tc, x in zip(sc.tenants, xs, strict=True))
+                for xs in ([t.completed for t in totals], [t.good for t in totals], [t.slo_violations for t in totals],
+                           [t.dropped + t.rejected for t in totals])
+            )
         terms = {
-            "throughput": w.throughput * completions / dt,
-            "goodput": w.goodput * good / dt,
-            "slo_violation": -w.slo_violation * violations / dt,
-            "drop": -w.drop * lost / dt,
+            "throughput": w.throughput * counted[0] / dt,
+            "goodput": w.goodput * counted[1] / dt,
+            "slo_violation": -w.slo_violation * counted[2] / dt,
+            "drop": -w.drop * counted[3] / dt,
             "cost": -w.cost * sum(limits) / (self.n * sc.limits.max),
             "change": -w.change * sum(abs(a - b) for a, b in zip(limits, before, strict=True)),
         }

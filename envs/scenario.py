@@ -93,6 +93,8 @@ class RewardConfig(_Model):
 
     ``goodput`` (default 0) rewards the requests that met every per-request objective (core/slo.py): what
     ``admit evaluate`` judges by. A training config can replace these weights (``reward:`` in admit train).
+    ``tenant_weights``: count each tenant's completions, good requests, misses and drops times its ``weight``
+    (the tenant's share in the weighted-fair controllers), so a heavier tenant's requests are worth more.
     """
 
     throughput: float = 1.0
@@ -101,6 +103,7 @@ class RewardConfig(_Model):
     drop: float = 1.0
     cost: float = 0.0
     change: float = 0.0
+    tenant_weights: bool = False
 
 
 class Scenario(_Model):

@@ -203,6 +203,35 @@ def test_reward_override_replaces_only_the_weights_it_names(tmp_path: Path) -> N
     assert good > 0
 
 
+def test_tenant_weights_weigh_each_tenants_requests_in_the_reward() -> None:
+    """``reward.tenant_weights``: a tenant of weight 3 counts each of its good requests three times; the
+    episode's reward is then Σ weight·good / Δ where the plain one is Σ good / Δ, on the same trajectory."""
+    from admit.envs.env import TenantAdmissionEnv
+
+    base = load_scenario("h200-mixed", horizon_s=60.0)
+    weights = (3.0, 1.0, 0.5)
+    tenants = [t.model_copy(update={"weight": w}) for t, w in zip(base.tenants, weights, strict=True)]
+    plain = base.model_copy(update={"tenants": tenants, "reward": base.reward.model_copy(
+        update={"goodput": 1.0, "throughput": 0.0, "slo_violation": 0.0, "drop": 0.0})})
+    weighted = plain.model_copy(update={"reward": plain.reward.model_copy(update={"tenant_weights": True})})
+    a, b = TenantAdmissionEnv(plain), TenantAdmissionEnv(weighted)
+    a.reset(seed=4)
+    b.reset(seed=4)
+    hold = np.full(3, base.limits.max_step, dtype=np.int64)
+    sums = [0.0, 0.0]
+    done = False
+    while not done:
+        _, ra, _, done, ia = a.step(hold)
+        _, rb, _, _, ib = b.step(hold)
+        assert ia["completions"] == ib["completions"] and isinstance(ib["completions"], int)  # plain counts
+        sums[0] += ra * plain.interval_s
+        sums[1] += rb * plain.interval_s
+    good = [t["good"] for t in a.sim.tenant_summary().values()]
+    assert sum(good) > 0
+    assert sums[0] == pytest.approx(sum(good))
+    assert sums[1] == pytest.approx(sum(w * g for w, g in zip(weights, good, strict=True)))
+
+
 def _params(run: Path) -> dict[str, torch.Tensor]:
     return PPO.load(run / "model.zip", device="cpu").policy.state_dict()
 

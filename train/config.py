@@ -138,8 +138,9 @@ class RewardOverride(_Model):
     drop: float | None = None
     cost: float | None = None
     change: float | None = None
+    tenant_weights: bool | None = None
 
-    def weights(self) -> dict[str, float]:
+    def weights(self) -> dict[str, Any]:
         """The weights this override sets."""
         return {k: v for k, v in self.model_dump().items() if v is not None}
 

@@ -39,7 +39,7 @@ def _instance(family: str, seed: int) -> Scenario:
     return sample_scenario(family, seed)
 
 
-def with_reward(scenario: Scenario, weights: dict[str, float] | None) -> Scenario:
+def with_reward(scenario: Scenario, weights: dict[str, Any] | None) -> Scenario:
     """``scenario`` with the reward weights ``weights`` (those it names) in place of its own."""
     if not weights:
         return scenario
@@ -58,7 +58,7 @@ class Worlds:
     scenario: Scenario | None = None
     family: str | None = None
     split: Split = "train"
-    reward: dict[str, float] | None = field(default=None, hash=False, compare=False)
+    reward: dict[str, Any] | None = field(default=None, hash=False, compare=False)
 
     def __post_init__(self) -> None:
         if (self.scenario is None) == (self.family is None):
