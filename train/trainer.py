@@ -37,7 +37,7 @@ from admit.envs.scenario import Scenario, load_scenario
 from admit.train.callbacks import EpisodeMetricsLogger, RichProgress, SaveVecNormalize, SeededEvalCallback
 from admit.train.config import TrainConfig, write_config
 from admit.train.vec import BlockVecEnv
-from admit.train.worlds import Split, Worlds
+from admit.train.worlds import Split, Worlds, with_reward
 from admit.train.wrappers import MakeEnv, MakeSetEnv, train_episode_seed_base
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -138,10 +138,7 @@ def build_model(cfg: TrainConfig, venv: VecEnv, tensorboard_dir: Path | None) ->
 
 def training_scenario(cfg: TrainConfig) -> Scenario:
     """The scenario trained on: ``cfg.scenario`` with the config's reward weights, if any, in place of its own."""
-    scenario = load_scenario(cfg.scenario)
-    if cfg.reward is not None and cfg.reward.weights():
-        scenario = scenario.model_copy(update={"reward": scenario.reward.model_copy(update=cfg.reward.weights())})
-    return scenario
+    return with_reward(load_scenario(cfg.scenario), cfg.reward.weights() if cfg.reward is not None else None)
 
 
 def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str, Any]:
