@@ -8,7 +8,9 @@ self time (cProfile's ``tottime``) summed per group — the token engine (engine
 its accounting (envs/simulation.py), telemetry windows and percentiles (core/telemetry.py,
 core/percentiles.py), building the observation (core/observation.py, envs/env.py), admission queues
 (core/admission.py), the workload draws (envs/workload.py, core/workload.py), Gymnasium's own code, and the
-rest — and the ``--top`` functions by self time. cProfile adds a roughly constant cost per call, so it
+rest — and the ``--top`` functions by self time. It profiles the Python world (``world="python"``, the
+reference that envs/kernels.py transcribes); the compiled world's kernels are opaque to cProfile, and
+benchmarks/env_speed.py measures the two side by side. cProfile adds a roughly constant cost per call, so it
 overstates the share of small, often-called functions; the groups still say where a rewrite would pay.
 """
 
@@ -42,10 +44,10 @@ def _group(filename: str) -> str:
     return "python builtins" if filename == "~" else "other"
 
 
-def _run(scenario: str, steps: int) -> None:
+def _run(scenario: str, steps: int, world: str = "python") -> None:
     import admit.envs  # noqa: F401  (registers the env ids)
 
-    env = gym.make("admit/TenantAdmission-v1", scenario=scenario)
+    env = gym.make("admit/TenantAdmission-v1", scenario=scenario, world=world)
     env.reset(seed=0)
     env.action_space.seed(0)
     for i in range(steps):

@@ -29,8 +29,8 @@ from typing import Any
 from admit.controllers.slo_bound import share_above
 from admit.controllers.token import TokenLedgerController
 from admit.core.observation import Observation
+from admit.envs.compiled import make_simulation
 from admit.envs.scenario import Scenario, load_scenario
-from admit.envs.simulation import Simulation
 from admit.evaluate.tune import BestStatic
 
 VARIANTS: list[dict[str, Any]] = [
@@ -47,7 +47,7 @@ SEED0 = 1000
 
 def episode(sc: Scenario, ctrl: Any, seed: int) -> tuple[float, dict[str, float]]:
     ctrl.reset(sc.control_spec(), seed)
-    sim = Simulation(sc, seed)
+    sim = make_simulation(sc, seed)
     sim.run(ctrl, name=getattr(ctrl, "name", "x"))
     return sim.summary()["goodput_rps"], {k: v["attainment"] for k, v in sim.tenant_summary().items()}
 
@@ -103,7 +103,7 @@ def harm(spec: str, seeds: int, horizon: float | None) -> None:
                 return inner(obs)
 
             ctrl.act = act
-            Simulation(sc, s).run(ctrl, name=label)
+            make_simulation(sc, s).run(ctrl, name=label)
         rows = ", ".join(f"{k} lent: {b[1] / b[0]:.4f} of {b[0]:.0f}" for k, b in sorted(bins.items()) if b[0] > 0)
         print(f"{name} {victim} TTFT miss share by requests lent, {label}: {rows}", flush=True)
 

@@ -107,7 +107,7 @@ def layout_of(vector_size: int, n_tenants: int) -> int | None:
     return None
 
 
-def vector_from_values(values: list[float]) -> np.ndarray:
+def vector_from_values(values: list[float] | np.ndarray) -> np.ndarray:
     """The flat float32 vector of the feature values in vector order, clipped to [0, FEATURE_MAX]."""
     vec = np.array(values, dtype=np.float32)
     # = np.clip(vec, 0, FEATURE_MAX), NaN included; np.clip's Python-level dispatch cost more than the work

@@ -21,8 +21,9 @@ from admit.core.observation import (
     Observation,
     vector_from_values,
 )
+from admit.envs.compiled import WORLDS, CompiledSimulation, World, make_simulation
 from admit.envs.scenario import Scenario, load_scenario
-from admit.envs.simulation import Simulation, decision_count
+from admit.envs.simulation import decision_count
 
 _E2E_P99 = TENANT_FEATURES.index("e2e_p99")
 
@@ -273,7 +274,10 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
     metadata = {"render_modes": []}  # noqa: RUF012 (gymnasium convention)
 
     def __init__(self, scenario: str | Scenario = "seed-paper", render_mode: str | None = None,
-                 layout: int = LAYOUT_VERSION) -> None:
+                 layout: int = LAYOUT_VERSION, world: str = "compiled") -> None:
+        if world not in WORLDS:
+            raise ValueError(f"world {world!r} is unknown; allowed: {', '.join(WORLDS)}")
+        self.world = world
         if render_mode is not None:
             raise ValueError(f"render_mode {render_mode!r} is not supported; allowed: None")
         if layout not in LAYOUTS:
@@ -288,9 +292,9 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         self.observation_space = gym.spaces.Box(0.0, FEATURE_MAX, shape=(size,), dtype=np.float32)
         # an older layout is a selection of the current vector's entries (core/observation.py LAYOUTS)
         self._select = None if layout == LAYOUT_VERSION else Observation.layout_index(self.n, layout)
-        self.sim: Simulation | None = None
+        self.sim: World | None = None
         # the last observation as flat values; the Observation object is built only when asked for
-        self._values: list[float] | None = None
+        self._values: list[float] | np.ndarray | None = None
         self._values_time = 0.0
         self._observation: Observation | None = None
         self._p99_index = [len(GLOBAL_FEATURES) + i * len(TENANT_FEATURES) + _E2E_P99 for i in range(self.n)]
@@ -307,11 +311,11 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
             self._observation = Observation.from_vector(self._values, self._values_time, self.scenario.window_s)
         return self._observation
 
-    def _vector(self, values: list[float]) -> np.ndarray:
+    def _vector(self, values: list[float] | np.ndarray) -> np.ndarray:
         vec = vector_from_values(values)
         return vec if self._select is None else vec[self._select]
 
-    def _observe(self) -> list[float]:
+    def _observe(self) -> list[float] | np.ndarray:
         assert self.sim is not None
         values = self.sim.observe_values()
         self._values, self._values_time, self._observation = values, self.sim.now, None
@@ -321,7 +325,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
         episode_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
-        self.sim = Simulation(self.scenario, episode_seed)
+        self.sim = make_simulation(self.scenario, episode_seed, world=self.world)
         info = {"episode_seed": episode_seed, "limits": self.sim.limits, "time_s": 0.0}
         return self._vector(self._observe()), info
 
@@ -351,22 +355,29 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         sim = self.sim
         sc = self.scenario
         before = sim.limits
-        limits = sim.step(deltas)
+        values: list[float] | np.ndarray | None = None
+        if isinstance(sim, CompiledSimulation):  # one kernel call: step, observe, interval counts
+            limits, values, counts = sim.step_observed(deltas)
+            rows = counts.tolist()  # IntervalCounts' field order
+            completed = [r[1] for r in rows]
+            goods = [r[5] for r in rows]
+            viol = [r[4] for r in rows]
+            losts = [r[2] + r[3] for r in rows]
+        else:
+            limits = sim.step(deltas)
+            totals = sim.take_interval_totals()
+            completed = [t.completed for t in totals]
+            goods = [t.good for t in totals]
+            viol = [t.slo_violations for t in totals]
+            losts = [t.dropped + t.rejected for t in totals]
         dt = sc.interval_s
-        completions = violations = lost = good = 0
         w = sc.reward
-        totals = sim.take_interval_totals()
-        for t in totals:
-            completions += t.completed
-            violations += t.slo_violations
-            lost += t.dropped + t.rejected
-            good += t.good
+        completions, good, violations, lost = sum(completed), sum(goods), sum(viol), sum(losts)
         counted: tuple[float, float, float, float] = (completions, good, violations, lost)
         if w.tenant_weights:  # the same counts, each tenant's times its weight
-            counted = tuple(  # type: ignore[assignment]
+            counted = tuple(
                 sum(tc.weight * x for tc, x in zip(sc.tenants, xs, strict=True))
-                for xs in ([t.completed for t in totals], [t.good for t in totals], [t.slo_violations for t in totals],
-                           [t.dropped + t.rejected for t in totals])
+                for xs in (completed, goods, viol, losts)
             )
         terms = {
             "throughput": w.throughput * counted[0] / dt,
@@ -377,7 +388,10 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
             "change": -w.change * sum(abs(a - b) for a, b in zip(limits, before, strict=True)),
         }
         reward = float(sum(terms.values()))
-        values = self._observe()
+        if values is None:
+            values = self._observe()
+        else:
+            self._values, self._values_time, self._observation = values, sim.now, None
         truncated = sim.done
         info = {
             "reward_terms": terms,
@@ -386,7 +400,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
             "completions": completions,
             "drops": lost,
             "slo_violations": violations,
-            "p99_s": max(values[j] for j in self._p99_index),
+            "p99_s": float(max(values[j] for j in self._p99_index)),
         }
         if truncated:
             info["episode_metrics"] = sim.summary()

@@ -13,10 +13,11 @@ client's published p50/p99 lengths); scripts use it to write the ``servegen-skew
 
 from __future__ import annotations
 
+import bisect
 import csv
 import gzip
 import math
-from functools import lru_cache
+from functools import cache, lru_cache
 from importlib import resources
 from typing import Literal
 
@@ -58,6 +59,12 @@ def _lengths() -> dict[int, list[tuple[float, float, float, float, float]]]:
     return out
 
 
+@cache
+def _window_starts(client_id: int) -> list[float]:
+    """The start times of one client's windows, in order (``_windows`` sorts them)."""
+    return [w[0] for w in _windows()[client_id]]
+
+
 def client_ids() -> list[int]:
     return sorted(_windows())
 
@@ -84,7 +91,12 @@ class ServeGenArrivals(BaseModel):
             raise ValueError(f"ServeGen has no client {self.client_id}; clients are {ids[0]}..{ids[-1]}")
         end = self.start_s + horizon_s
         out: list[np.ndarray] = []
-        for w0, rate, dist, shape, scale in table[self.client_id]:
+        rows = table[self.client_id]
+        # the windows before the first that can overlap [start_s, end) draw nothing: skip them unread
+        first = max(bisect.bisect_right(_window_starts(self.client_id), self.start_s - WINDOW_S) - 1, 0)
+        for w0, rate, dist, shape, scale in rows[first:]:
+            if w0 >= end:
+                break  # rows are sorted by start: none later overlaps
             w1 = w0 + WINDOW_S
             if w1 <= self.start_s or w0 >= end or rate <= 0 or dist not in ("Gamma", "Weibull") or shape <= 0:
                 continue

@@ -23,7 +23,7 @@ from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
@@ -42,6 +42,9 @@ from admit.engine.request import Request
 from admit.engine.slot_engine import SlotEngine
 from admit.envs.scenario import Scenario, SlotEngineConfig
 from admit.envs.workload import draw_tenant
+
+if TYPE_CHECKING:
+    from admit.envs.compiled import CompiledSimulation
 
 
 def make_engine(scenario: Scenario) -> Engine:
@@ -92,8 +95,9 @@ class IntervalCounts:
                               self.good - o.good, self.output_tokens - o.output_tokens)
 
 
-def draw_requests(scenario: Scenario, seed: int) -> list[Request]:
-    """The scenario's requests for ``seed``, in arrival order (ties by tenant): what an episode on it serves.
+def draw_request_columns(scenario: Scenario, seed: int) -> tuple[np.ndarray, ...]:
+    """The scenario's requests for ``seed`` as columns in arrival order (ties by tenant): arrival times,
+    tenant indices, prompt tokens, output tokens and the uniform service draws.
 
     One independent stream per tenant, all spawned from the seed, so every policy run on one seed sees the
     same requests (common random numbers) and a tenant's draws do not depend on the other tenants'.
@@ -111,10 +115,16 @@ def draw_requests(scenario: Scenario, seed: int) -> list[Request]:
         u.append(d.u_service)
     all_t = np.concatenate(times)
     order = np.lexsort((np.concatenate(tenant_ix), all_t))
-    cols = [np.concatenate(c)[order].tolist() for c in (tenant_ix, prompt, output, u)]
+    return (all_t[order], *(np.concatenate(c)[order] for c in (tenant_ix, prompt, output, u)))
+
+
+def draw_requests(scenario: Scenario, seed: int) -> list[Request]:
+    """The scenario's requests for ``seed``, in arrival order (``draw_request_columns`` as Request objects):
+    what an episode on it serves."""
+    times, *cols = draw_request_columns(scenario, seed)
     return [
         Request(rid, ten, t, p, o, uu)
-        for rid, (t, ten, p, o, uu) in enumerate(zip(all_t[order].tolist(), *cols, strict=True))
+        for rid, (t, ten, p, o, uu) in enumerate(zip(times.tolist(), *(c.tolist() for c in cols), strict=True))
     ]
 
 
@@ -301,24 +311,7 @@ class Simulation:
         before it are ``obs``'s. A controller that raises ValueError or returns bad deltas raises ValueError
         naming the policy (``name``, default the controller's) and the decision's time.
         """
-        end = self.horizon_s if until is None else until
-        spec = self.spec
-        limit_sum = 0.0
-        decisions = 0
-        while self.now < end - END_EPS_S:
-            t = self.now
-            obs = self.observe()
-            try:
-                deltas = validate_deltas(controller.act(obs), spec)
-            except ValueError as e:
-                label = name if name is not None else getattr(controller, "name", type(controller).__name__)
-                raise ValueError(f"policy {label!r} at t={t:.1f}s: {e}") from None
-            limits = self.step(deltas, end)
-            if on_decision is not None:
-                on_decision(t, obs, deltas, limits)
-            limit_sum += sum(limits)
-            decisions += 1
-        return RunStats(decisions, limit_sum, len(self.scenario.tenants))
+        return run_decisions(self, controller, until, on_decision, name)
 
     # ------------------------------------------------------------------ the event loop
     def _dispatch(self, req: Request) -> None:
@@ -416,6 +409,29 @@ class Simulation:
         """`tenant_metrics` of every tenant, by name."""
         return {t.name: tenant_metrics(tot, self.horizon_s) for t, tot in zip(self.spec.tenants, self.totals,
                                                                                 strict=True)}
+
+
+def run_decisions(sim: Simulation | CompiledSimulation, controller: Controller, until: float | None,
+                  on_decision: OnDecision | None, name: str | None) -> RunStats:
+    """``Simulation.run``'s loop, for either world (``CompiledSimulation.run`` is this too)."""
+    end = sim.horizon_s if until is None else until
+    spec = sim.spec
+    limit_sum = 0.0
+    decisions = 0
+    while sim.now < end - END_EPS_S:
+        t = sim.now
+        obs = sim.observe()
+        try:
+            deltas = validate_deltas(controller.act(obs), spec)
+        except ValueError as e:
+            label = name if name is not None else getattr(controller, "name", type(controller).__name__)
+            raise ValueError(f"policy {label!r} at t={t:.1f}s: {e}") from None
+        limits = sim.step(deltas, end)
+        if on_decision is not None:
+            on_decision(t, obs, deltas, limits)
+        limit_sum += sum(limits)
+        decisions += 1
+    return RunStats(decisions, limit_sum, len(sim.scenario.tenants))
 
 
 def _p99(values: Sequence[float]) -> float:

@@ -25,8 +25,8 @@ from typing import Any
 import numpy as np
 from admit.controllers.registry import make_controller
 from admit.core.controller import Controller
+from admit.envs.compiled import make_simulation
 from admit.envs.scenario import Scenario, load_scenario
-from admit.envs.simulation import Simulation
 from scipy import stats
 
 # Overall metrics, in the order the table shows them: goodput and attainment first (what the verdict judges
@@ -92,7 +92,7 @@ def rollout(scenario: Scenario, policy: str, seed: int) -> Episode:
     """Run one episode of ``policy`` on ``seed``; returns the episode metrics, overall and per tenant."""
     ctrl = make_bound(policy, scenario)
     ctrl.reset(scenario.control_spec(), seed)
-    sim = Simulation(scenario, seed)
+    sim = make_simulation(scenario, seed)
     stats = sim.run(ctrl, name=policy)
     out: Episode = dict(sim.summary())
     # the overall e2e percentiles under the names the tenants' figures use (p50_s/p99_s stay for old readers)

@@ -286,13 +286,13 @@ def _episode(args: tuple[Scenario, Caps, int]) -> dict[str, Any]:
     plus ``bound``: per tenant, whether its limit ever held a request back (a request that waited for
     admission, was rejected or dropped, or was still queued at the end)."""
     from admit.controllers.registry import make_controller
-    from admit.envs.simulation import Simulation
+    from admit.envs.compiled import make_simulation
 
     scenario, caps, seed = args
     policy = static_policy(caps)
     ctrl = make_controller(policy)
     ctrl.reset(scenario.control_spec(), seed)
-    sim = Simulation(scenario, seed)
+    sim = make_simulation(scenario, seed)
     stats = sim.run(ctrl, name=policy)
     summary = sim.summary()
     out: dict[str, Any] = {k: float(summary[k]) for k in KEPT_METRICS if k in summary}
@@ -328,12 +328,12 @@ def mean_limit(scenario: Scenario, caps: Sequence[int]) -> float:
 
 def _episode_at_caps(args: tuple[Scenario, Caps, int]) -> float:
     """Goodput of ``caps`` set at t = 0 (no ramp from ``initial``): what the ramp costs, for the record."""
-    from admit.envs.simulation import Simulation
+    from admit.envs.compiled import make_simulation
 
     scenario, caps, seed = args
     ctrl = StaticController(list(caps))
     ctrl.reset(scenario.control_spec(), seed)
-    sim = Simulation(scenario, seed)
+    sim = make_simulation(scenario, seed)
     sim.set_limits(caps)
     sim.run(ctrl, name=static_policy(caps))
     return float(sim.summary()["goodput_rps"])

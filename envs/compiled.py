@@ -1,0 +1,316 @@
+"""``CompiledSimulation``: the token-engine world with its event loop compiled (envs/kernels.py).
+
+It is ``Simulation`` (envs/simulation.py) for a token-engine scenario on the scenario's own draws, with the
+same public surface — ``limits``, ``apply_deltas``, ``set_limits``, ``step``, ``advance``, ``observe``,
+``observe_values``, ``take_interval_totals``, ``run``, ``summary``, ``tenant_summary``, ``totals``,
+``requests``, ``now``, ``done`` — and the same numbers: the kernels transcribe the Python world's code, and
+tests/test_compiled_world.py runs both side by side and compares every observation, count and latency.
+``make_simulation`` picks it wherever it applies; the Python world stays the reference, and is what runs
+slot-engine scenarios, replayed requests (sim2live) and anything that reaches into the engine object.
+
+The first use in a fresh checkout compiles the kernels (about half a minute on two cores); numba caches
+the machine code next to the source, so later processes load it in well under a second.
+"""
+
+from __future__ import annotations
+
+import math
+from array import array
+from collections.abc import Sequence
+
+import numpy as np
+from admit.core.controller import Controller
+from admit.core.observation import NO_SLO, Observation
+from admit.engine.presets import get_preset
+from admit.engine.request import Request
+from admit.engine.steptime import StepTimeModel
+from admit.envs import kernels as K
+from admit.envs.scenario import Scenario, SlotEngineConfig
+from admit.envs.simulation import (
+    END_EPS_S,
+    IntervalCounts,
+    OnDecision,
+    RunStats,
+    Simulation,
+    TenantTotals,
+    draw_request_columns,
+    episode_metrics,
+    run_decisions,
+    tenant_metrics,
+)
+
+
+def _objective(v: float) -> float:
+    return NO_SLO if v == math.inf else float(v)
+
+
+_DENSE_TABLES: dict[tuple[StepTimeModel, int], np.ndarray] = {}
+
+
+def _dense_table(model: StepTimeModel, max_tokens: int) -> np.ndarray:
+    """One table per step-time model and token budget, shared by every world of this process (the kernels
+    fill an entry the first time a step of that many tokens is timed; NaN = not yet)."""
+    key = (model, max_tokens)
+    if key not in _DENSE_TABLES:
+        _DENSE_TABLES[key] = np.full(max_tokens + 1, math.nan)
+    return _DENSE_TABLES[key]
+
+
+def compiled_applies(scenario: Scenario) -> bool:
+    """Whether ``CompiledSimulation`` can run ``scenario`` (a token-engine scenario)."""
+    return not isinstance(scenario.engine, SlotEngineConfig)
+
+
+class CompiledSimulation:
+    def __init__(self, scenario: Scenario, seed: int) -> None:
+        if not compiled_applies(scenario):
+            raise ValueError(f"scenario {scenario.name!r} runs the slot engine; the compiled world runs the token "
+                             "engine (use Simulation, or make_simulation, which picks)")
+        self.scenario = scenario
+        self.spec = scenario.control_spec()
+        self.seed = int(seed)
+        self.horizon_s = scenario.horizon_s
+        n = len(scenario.tenants)
+        self.n_tenants = n
+        times, tenant, prompt, output, u_service = draw_request_columns(scenario, self.seed)
+        N = len(times)
+
+        # ---- the engine: TokenEngine's settings and checks
+        cfg = scenario.engine
+        p = get_preset(getattr(cfg, "preset", "h200-llama3-8b"))
+        mnbt = int(getattr(cfg, "max_num_batched_tokens", None) or p.max_num_batched_tokens)
+        mns = int(getattr(cfg, "max_num_seqs", None) or p.max_num_seqs)
+        ngb = int(p.num_gpu_blocks)
+        for name, v in (("max_num_batched_tokens", mnbt), ("max_num_seqs", mns), ("num_gpu_blocks", ngb)):
+            if v < 1:
+                raise ValueError(f"{name} must be >= 1, got {v}")
+        if mnbt < mns:
+            raise ValueError(f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns}), as vLLM requires")
+        self._check_sizes(prompt, output, p.max_model_len, p.block_size, ngb)
+        self._preset = p
+
+        ri = np.zeros((N, K.NRI), dtype=np.int64)
+        ri[:, K.TEN] = tenant
+        ri[:, K.PROMPT] = prompt
+        ri[:, K.OUT] = output
+        rf = np.full((N, K.NRF), math.nan)
+        rf[:, K.ARR] = times
+        ei = np.zeros(K.NEI, dtype=np.int64)
+        ei[K.E_BS] = p.block_size
+        ei[K.E_MNBT] = mnbt
+        ei[K.E_MNS] = mns
+        ei[K.E_NGB] = ngb
+        ring = 1 << max(N + 1, 2).bit_length()
+        ei[K.E_WMASK] = ring - 1
+        ef = np.zeros(K.NEF)
+        ef[K.F_END] = math.inf
+        sm = p.step
+        ef[K.F_OVER], ef[K.F_FLOOR], ef[K.F_PT], ef[K.F_KNEE] = (sm.overhead_s, sm.dense_floor_s,
+                                                                 sm.dense_s_per_token, sm.dense_knee)
+        ef[K.F_PERSEQ], ef[K.F_KV], ef[K.F_PAIR] = sm.per_seq_s, sm.kv_read_s_per_token, sm.prefill_attn_s_per_pair
+        ef[K.F_FLOOR_Q], ef[K.F_INV_Q] = sm.dense_floor_s**sm.dense_knee, 1.0 / sm.dense_knee  # as StepTimeModel.dense
+        cap = N + 1
+        self._E = (ri, rf, ei, ef,
+                   np.zeros(min(N, mns) + 1, dtype=np.int64),  # run
+                   np.zeros(cap, dtype=np.int64),  # part
+                   np.zeros(ring, dtype=np.int64),  # wait
+                   np.zeros((N + 16, 3), dtype=np.int64),  # heap
+                   np.zeros(p.block_size, dtype=np.int64),  # cnt
+                   np.zeros((cap, 3), dtype=np.int64),  # chunks
+                   np.zeros((cap, 3), dtype=np.int64),  # plan
+                   np.zeros(cap, dtype=np.int64),  # fin
+                   np.zeros(cap, dtype=np.int64),  # scratch
+                   _dense_table(sm, mnbt))  # dense-layer time by token count, filled as steps need it
+
+        # ---- admission queues and telemetry windows: one region per tenant in each flat array
+        counts = np.bincount(tenant, minlength=n) if N else np.zeros(n, dtype=np.int64)
+        base = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        self._base = base
+        lim = scenario.limits
+        ai = np.zeros((n, K.NAI), dtype=np.int64)
+        af = np.zeros(n)
+        wi = np.zeros((n, K.NWI), dtype=np.int64)
+        wp = np.zeros((n, K.NWP))
+        for k, t in enumerate(self.spec.tenants):
+            ai[k, K.A_LIMIT] = lim.initial
+            ai[k, K.A_MAXQ] = scenario.max_queue(k)
+            ai[k, K.A_QH] = ai[k, K.A_QT] = base[k]
+            af[k] = scenario.queue_timeout(k)
+            wi[k, :8] = base[k]
+            wi[k, K.W_DIRTY] = 1
+            wi[k, K.W_CB] = base[k]
+            b_ttft, b_tpot, b_e2e = t.request_bounds
+            wp[k] = (_objective(t.slo_e2e_p99_s), _objective(t.slo_ttft_p99_s), _objective(b_ttft),
+                     _objective(b_tpot), _objective(b_e2e), b_ttft, b_tpot, b_e2e, t.slo_e2e_p99_s, t.slo_ttft_p99_s)
+        si = np.zeros(K.NSI, dtype=np.int64)
+        si[K.S_NREQ] = N
+        sf = np.zeros(K.NSF)
+        sf[K.S_WIN] = scenario.window_s
+        self._S = (ai, af, np.zeros(N, dtype=np.int64), np.zeros(cap, dtype=np.int64), si, sf, wi,
+                   np.zeros(N), np.zeros(N), np.zeros(N), np.zeros((N, K.NWC)), wp, np.zeros((n, K.NCACHE)),
+                   np.zeros((n, K.NTOT), dtype=np.int64), np.zeros(n),
+                   np.zeros((4, N + 1)), np.zeros((n, 2), dtype=np.int64), np.zeros(K.PW_CAP), np.zeros(K.PW_CAP))
+        self._arrivals = np.ascontiguousarray(times, dtype=np.float64)
+        self._u_service = u_service
+        self._out = np.zeros(K.N_GLOBAL + K.N_TENANT * n)
+        self._taken = np.zeros((n, K.NTOT), dtype=np.int64)
+        self._interval = np.zeros((n, K.NTOT), dtype=np.int64)
+        self._limits_buf = np.zeros(n, dtype=np.int64)
+
+    @staticmethod
+    def _check_sizes(prompt: np.ndarray, output: np.ndarray, max_model_len: int, block_size: int, ngb: int) -> None:
+        """TokenEngine.submit's checks, on every request before the episode starts."""
+        need = prompt + output
+        for bad, why in (((prompt < 1) | (output < 1), "prompt_tokens and output_tokens must be >= 1"),
+                         (need > max_model_len, f"prompt + output exceeds max_model_len {max_model_len}"),
+                         (-(-need // block_size) > ngb, f"the request can never fit in {ngb} KV blocks")):
+            if bad.any():
+                i = int(np.flatnonzero(bad)[0])
+                raise ValueError(f"request {i} ({int(prompt[i])} prompt + {int(output[i])} output tokens): {why}")
+
+    # ------------------------------------------------------------------ control surface
+    @property
+    def now(self) -> float:
+        return float(self._S[5][K.S_NOW])
+
+    @property
+    def limits(self) -> list[int]:
+        return self._S[0][:, K.A_LIMIT].tolist()
+
+    @property
+    def done(self) -> bool:
+        return self.now >= self.horizon_s - END_EPS_S
+
+    @property
+    def num_preemptions(self) -> int:
+        return int(self._E[2][K.E_NPRE])
+
+    def apply_deltas(self, deltas: Sequence[int]) -> list[int]:
+        current = self.limits
+        out = self.spec.limits.apply(current, deltas)
+        for i, (new, cur) in enumerate(zip(out, current, strict=True)):
+            if new != cur:
+                K.set_limit(self._E, self._S, i, new)
+        return out
+
+    def set_limits(self, limits: Sequence[int]) -> None:
+        lim = self.spec.limits
+        for i, v in enumerate(limits):
+            K.set_limit(self._E, self._S, i, lim.clamp(int(v)))
+
+    def step(self, deltas: Sequence[int], until: float | None = None) -> list[int]:
+        limits = self.apply_deltas(deltas)
+        end = self.horizon_s if until is None else until
+        self.advance(min(self.now + self.scenario.interval_s, end))
+        return limits
+
+    def step_observed(self, deltas: Sequence[int]) -> tuple[list[int], np.ndarray, np.ndarray]:
+        """``step(deltas)``, ``observe_values()`` and ``take_interval_totals()`` in one kernel call (the
+        env's step): returns the new limits, the observation values and the interval's counts (a tenants ×
+        7 array in ``IntervalCounts`` field order; valid until the next call)."""
+        limits = self.spec.limits.apply(self.limits, deltas)
+        buf = self._limits_buf
+        buf[:] = limits
+        until = min(self.now + self.scenario.interval_s, self.horizon_s)
+        K.env_step(self._E, self._S, self._arrivals, buf, until, self._out, self._taken, self._interval)
+        return limits, self._out.copy(), self._interval
+
+    def advance(self, until: float) -> None:
+        K.advance(self._E, self._S, self._arrivals, float(until))
+
+    def observe_values(self) -> np.ndarray:
+        """``Simulation.observe_values`` as a float64 array (a fresh one each call)."""
+        out = self._out
+        K.observe_all(self._E, self._S, out)
+        return out.copy()
+
+    def observe(self) -> Observation:
+        return Observation.from_vector(self.observe_values(), self.now, self.scenario.window_s)
+
+    def take_interval_totals(self) -> list[IntervalCounts]:
+        tot = self._S[13]
+        diff = (tot - self._taken).tolist()
+        self._taken = tot.copy()
+        return [IntervalCounts(*row) for row in diff]
+
+    def run(self, controller: Controller, until: float | None = None, on_decision: OnDecision | None = None,
+            name: str | None = None) -> RunStats:
+        """``Simulation.run``: the one decision loop."""
+        return run_decisions(self, controller, until, on_decision, name)
+
+    # ------------------------------------------------------------------ results
+    @property
+    def totals(self) -> list[TenantTotals]:
+        """Each tenant's ``TenantTotals`` (built from the arrays on each call)."""
+        tot = self._S[13]
+        wc = self._S[10]
+        out = []
+        for k in range(self.n_tenants):
+            lo = int(self._base[k])
+            hi = lo + int(tot[k, K.T_COMPLETED])
+            c = wc[lo:hi]
+            out.append(TenantTotals(
+                arrived=int(tot[k, K.T_ARRIVED]), completed=int(tot[k, K.T_COMPLETED]),
+                dropped=int(tot[k, K.T_DROPPED]), rejected=int(tot[k, K.T_REJECTED]),
+                slo_violations=int(tot[k, K.T_VIOL]), good=int(tot[k, K.T_GOOD]), output_tokens=int(tot[k, K.T_OUT]),
+                e2e=array("d", c[:, K.C_E2E].tobytes()), ttft=array("d", c[:, K.C_TTFT].tobytes()),
+                tpot=array("d", c[:, K.C_TPOT].tobytes())))
+        return out
+
+    @property
+    def requests(self) -> list[Request]:
+        """This episode's requests in arrival order, with the timestamps a run filled in."""
+        ri, rf = self._E[0], self._E[1]
+        out = []
+        for rid in range(len(ri)):
+            a, b = ri[rid], rf[rid]
+            r = Request(rid, int(a[K.TEN]), float(b[K.ARR]), int(a[K.PROMPT]), int(a[K.OUT]),
+                        float(self._u_service[rid]))
+            r.dispatched, r.first_scheduled, r.first_token, r.finished = (
+                float(b[K.DISP]), float(b[K.FSCHED]), float(b[K.FTOK]), float(b[K.FIN]))
+            r.computed, r.generated, r.preemptions = int(a[K.COMP]), int(a[K.GEN]), int(a[K.PRE])
+            out.append(r)
+        return out
+
+    def summary(self) -> dict[str, float]:
+        return episode_metrics(self.totals, self.horizon_s)
+
+    def tenant_summary(self) -> dict[str, dict[str, float]]:
+        return {t.name: tenant_metrics(tot, self.horizon_s) for t, tot in zip(self.spec.tenants, self.totals,
+                                                                                strict=True)}
+
+
+World = Simulation | CompiledSimulation
+WORLDS = ("compiled", "python")
+
+
+def make_simulation(scenario: Scenario, seed: int, *, requests: Sequence[Request] | None = None,
+                    world: str = "compiled") -> World:
+    """The world an episode runs in: ``CompiledSimulation`` where it applies (a token-engine scenario on its own
+    draws) unless ``world="python"``, else ``Simulation``. Both give the same numbers."""
+    if world not in WORLDS:
+        raise ValueError(f"world {world!r} is unknown; allowed: {', '.join(WORLDS)}")
+    if world == "compiled" and requests is None and compiled_applies(scenario):
+        return CompiledSimulation(scenario, seed)
+    return Simulation(scenario, seed, requests=requests)
+
+
+def warm() -> float:
+    """Compile (or load from numba's cache) every kernel by running a short episode; returns the seconds taken."""
+    import time
+
+    from admit.envs.scenario import load_scenario
+
+    t0 = time.perf_counter()
+    sim = CompiledSimulation(load_scenario("long-context-chat"), 0)  # preempts: every kernel path runs
+    sim.observe_values()
+    for _ in range(30):
+        sim.step_observed([1] * sim.n_tenants)
+    sim.set_limits([2] * sim.n_tenants)
+    sim.step([0] * sim.n_tenants)
+    sim.observe()
+    return time.perf_counter() - t0
+
+
+if __name__ == "__main__":
+    print(f"admit: compiled-world kernels ready in {warm():.1f} s (numba caches them next to envs/kernels.py)")

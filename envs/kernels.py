@@ -1,0 +1,1177 @@
+"""The token-engine world compiled: the event loop of ``Simulation.advance`` with the token engine, the
+admission core and the telemetry windows, as numba functions over arrays.
+
+This is a transcription, not a second model. Every function here mirrors one in the Python world —
+``TokenEngine`` (engine/token_engine.py), ``AdmissionCore`` (core/admission.py), ``TenantWindows``
+(core/telemetry.py) and ``Simulation``'s event loop (envs/simulation.py) — and does the same arithmetic in
+the same order, so that an episode gives bit-identical observations, counts and latencies
+(tests/test_compiled_world.py compares the two worlds value by value). Read the Python version for the
+why; the comments here say only where the representation differs:
+
+* A request is a row of two tables, ``ri`` (integers) and ``rf`` (floats), indexed by its position in
+  arrival order. The engine's per-admission record (``_Seq``) lives in the same row (``ORDER``, ``SC``,
+  ``SBLK``, ``SLOCK``, ``RUN``): a request has at most one live record, and a record is "alive" while
+  ``RUN`` is set and its admission order is the one an entry names.
+* Lists and deques are arrays with counters: the running requests in admission order (``run``, compacted
+  on removal, as a dict keeps order), the partially prefilled ones (``part``), the engine's waiting deque
+  (a ring buffer, ``wait``), the lockstep heap (``heap``, entries ``(key, order, request)``; keys and
+  orders are unique pairs, so it pops in heapq's order).
+* Each tenant's admission queue and its four telemetry windows hold every request at most once, so each is
+  a region of a flat array (the tenant's requests' count long) with a head and a tail.
+
+The state is two tuples of arrays, ``E`` (engine) and ``S`` (the world around it), built by
+``envs.compiled.CompiledSimulation``; the column and scalar names below index them.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any, TypeVar
+
+from numba import njit
+
+F = TypeVar("F", bound=Callable[..., Any])
+_njit: Any = njit  # numba's stubs do not know _nrt
+
+
+def kernel(fn: F) -> F:
+    """A compiled function, cached on disk. ``_nrt=False``: the kernels allocate nothing, so numba's reference
+    counting (an atomic add and subtract per array per call, most of the time before it was off) is left out."""
+    return _njit(cache=True, _nrt=False)(fn)
+
+
+def inlined(fn: F) -> F:
+    """``kernel``, inlined where it is called: a call that passes the state tuples costs more than these do."""
+    return _njit(cache=True, _nrt=False, inline="always")(fn)
+
+# ---- ri: per-request integers
+TEN, PROMPT, OUT, COMP, GEN, PRE, ORDER, SC, SBLK, SLOCK, RUN, WDEC = range(12)
+NRI = 12
+# ---- rf: per-request floats
+ARR, DISP, FSCHED, FTOK, FIN, QDL, QENQ = range(7)
+NRF = 7
+# ---- ei: engine integer scalars
+(E_BS, E_MNBT, E_MNS, E_NGB, E_G, E_N, E_A, E_SUMQ, E_ORDER, E_BUSY, E_K, E_EXPL, E_NRUN, E_NPART, E_WHEAD,
+ E_WLEN, E_HLEN, E_NCH, E_STEPTOK, E_NPRE, E_GENTOT, E_PROMPTTOT, E_PREFILL, E_NSTEPS, E_NFIN, E_WMASK) = range(26)
+NEI = 26
+# ---- ef: engine float scalars (the step in flight, then the step-time coefficients)
+F_T0, F_END, F_BASE, F_SLOPE, F_OVER, F_FLOOR, F_PT, F_KNEE, F_PERSEQ, F_KV, F_PAIR, F_FLOOR_Q, F_INV_Q = range(13)
+NEF = 13  # F_FLOOR_Q = floor ** knee and F_INV_Q = 1 / knee, computed once (the same numbers every step)
+# ---- ai: per-tenant admission state
+A_LIMIT, A_MAXQ, A_INFL, A_QH, A_QT, A_ADM, A_REJ, A_DROP = range(8)
+NAI = 8
+# ---- si / sf: world scalars
+S_NEXT, S_QUEUED, S_NLATE, S_NREQ = range(4)
+NSI = 6  # and the preemption ring's head and length
+S_NOW, S_WIN = range(2)
+NSF = 2
+# S[17], S[18]: the preemption window's samples (time, counter), a ring of PW_CAP; S[4] holds its head/length
+S_PWHEAD, S_PWLEN = 4, 5
+PW_CAP = 4096
+# ---- wi: per-tenant window heads and tails (absolute positions in the flat arrays), and a dirty flag
+W_AH, W_AT, W_DH, W_DT, W_RH, W_RT, W_CH, W_CT, W_DIRTY, W_CB = range(10)
+NWI = 10
+# ---- wc: per-completion fields
+C_T, C_E2E, C_TTFT, C_WAIT, C_TPOT, C_OUT, C_GOOD = range(7)
+NWC = 7
+# ---- wp: per-tenant objectives: the window's (as observed: NO_SLO for none), then the raw bounds
+P_SLO_E2E, P_SLO_TTFT, P_REQ_TTFT, P_REQ_TPOT, P_REQ_E2E, P_B_TTFT, P_B_TPOT, P_B_E2E, P_V_E2E, P_V_TTFT = range(10)
+NWP = 10
+# ---- tot: per-tenant episode counts (TenantTotals' integer fields)
+T_ARRIVED, T_COMPLETED, T_DROPPED, T_REJECTED, T_VIOL, T_GOOD, T_OUT = range(7)
+NTOT = 7
+# per-tenant window summary: 4 counts, then the 17 cached percentile-derived values
+NSUMMARY = 21
+NCACHE = 17
+N_GLOBAL = 5
+N_TENANT = 27
+
+# ====================================================================================== token engine
+
+
+@inlined
+def step_time(ef, dense_table, tokens, seqs, kv_read, pairs):
+    dense = dense_table[tokens]
+    if math.isnan(dense):  # StepTimeModel.dense, computed once per token count (it depends on nothing else)
+        dense = (ef[F_FLOOR_Q] + (ef[F_PT] * tokens) ** ef[F_KNEE]) ** ef[F_INV_Q]
+        dense_table[tokens] = dense
+    return ef[F_OVER] + dense + ef[F_PERSEQ] * seqs + ef[F_KV] * kv_read + ef[F_PAIR] * pairs
+
+
+@inlined
+def _heap_less(heap, i, j):
+    if heap[i, 0] != heap[j, 0]:
+        return heap[i, 0] < heap[j, 0]
+    return heap[i, 1] < heap[j, 1]
+
+
+@inlined
+def _heap_swap(heap, i, j):
+    for c in range(3):
+        tmp = heap[i, c]
+        heap[i, c] = heap[j, c]
+        heap[j, c] = tmp
+
+
+@inlined
+def heap_push(E, key, order, r):
+    ei = E[2]
+    heap = E[7]
+    n = ei[E_HLEN]
+    if n >= heap.shape[0]:
+        raise RuntimeError("compiled token engine: lockstep heap overflow (bug)")
+    heap[n, 0] = key
+    heap[n, 1] = order
+    heap[n, 2] = r
+    ei[E_HLEN] = n + 1
+    i = n
+    while i > 0:
+        p = (i - 1) // 2
+        if _heap_less(heap, i, p):
+            _heap_swap(heap, i, p)
+            i = p
+        else:
+            break
+
+
+@inlined
+def heap_pop(E):
+    """Remove the smallest entry; returns its request index."""
+    ei = E[2]
+    heap = E[7]
+    r = heap[0, 2]
+    n = ei[E_HLEN] - 1
+    ei[E_HLEN] = n
+    if n > 0:
+        for c in range(3):
+            heap[0, c] = heap[n, c]
+        i = 0
+        while True:
+            lft = 2 * i + 1
+            if lft >= n:
+                break
+            m = lft
+            if lft + 1 < n and _heap_less(heap, lft + 1, lft):
+                m = lft + 1
+            if _heap_less(heap, m, i):
+                _heap_swap(heap, m, i)
+                i = m
+            else:
+                break
+    return r
+
+
+@inlined
+def _heap_top_live(E):
+    """Whether the heap's smallest entry names a request still in lockstep under that admission."""
+    ri = E[0]
+    heap = E[7]
+    r = heap[0, 2]
+    return ri[r, SLOCK] == 1 and ri[r, ORDER] == heap[0, 1]
+
+
+@inlined
+def lock_blocks(E, x):
+    ei = E[2]
+    cnt = E[8]
+    if ei[E_N] == 0:
+        return 0
+    bs = ei[E_BS]
+    q = x // bs
+    rem = x % bs
+    s = 0
+    if rem:
+        for j in range(bs - rem, bs):
+            s += cnt[j]
+    return ei[E_SUMQ] + ei[E_N] * q + s
+
+
+@inlined
+def lock_add(E, r, tokens):
+    ri = E[0]
+    ei = E[2]
+    cnt = E[8]
+    bs = ei[E_BS]
+    c = tokens - ei[E_G]
+    ri[r, SC] = c
+    ri[r, SLOCK] = 1
+    u = c + bs - 1
+    ei[E_SUMQ] += u // bs
+    cnt[u % bs] += 1
+    ei[E_N] += 1
+    ei[E_A] += c
+    ei[E_EXPL] -= ri[r, SBLK]
+    heap_push(E, ri[r, OUT] + ri[r, PROMPT] - c, ri[r, ORDER], r)
+
+
+@inlined
+def lock_remove(E, r):
+    ri = E[0]
+    ei = E[2]
+    cnt = E[8]
+    bs = ei[E_BS]
+    u = ri[r, SC] + bs - 1
+    ei[E_SUMQ] -= u // bs
+    cnt[u % bs] -= 1
+    ei[E_N] -= 1
+    ei[E_A] -= ri[r, SC]
+    ri[r, SLOCK] = 0
+
+
+@inlined
+def materialize(E, r, g):
+    ri = E[0]
+    tokens = ri[r, SC] + g
+    ri[r, COMP] = tokens - 1
+    ri[r, GEN] = tokens - ri[r, PROMPT]
+
+
+@inlined
+def _part_remove(E, r):
+    ei = E[2]
+    part = E[5]
+    n = ei[E_NPART]
+    for i in range(n):
+        if part[i] == r:
+            for j in range(i, n - 1):
+                part[j] = part[j + 1]
+            ei[E_NPART] = n - 1
+            return
+    raise RuntimeError("compiled token engine: request not among the partial prefills (bug)")
+
+
+@inlined
+def _run_remove(E, r):
+    ri = E[0]
+    ei = E[2]
+    run = E[4]
+    n = ei[E_NRUN]
+    for i in range(n):
+        if run[i] == r:
+            for j in range(i, n - 1):
+                run[j] = run[j + 1]
+            ei[E_NRUN] = n - 1
+            ri[r, RUN] = 0
+            return
+    raise RuntimeError("compiled token engine: request not running (bug)")
+
+
+@inlined
+def release(E, r):
+    """``TokenEngine._release``; the caller has removed ``r`` from the running list."""
+    ri = E[0]
+    ei = E[2]
+    if ri[r, SLOCK] == 1:
+        materialize(E, r, ei[E_G])
+        lock_remove(E, r)
+    else:
+        ei[E_EXPL] -= ri[r, SBLK]
+        _part_remove(E, r)
+    ri[r, SBLK] = 0
+
+
+@inlined
+def _wait_append(E, r):
+    ei = E[2]
+    wait = E[6]
+    ei[E_WLEN] += 1
+    wait[(ei[E_WHEAD] + ei[E_WLEN] - 1) & ei[E_WMASK]] = r
+
+
+@inlined
+def _wait_appendleft(E, r):
+    ei = E[2]
+    wait = E[6]
+    ei[E_WHEAD] = (ei[E_WHEAD] - 1) & ei[E_WMASK]
+    ei[E_WLEN] += 1
+    wait[ei[E_WHEAD]] = r
+
+
+@inlined
+def _wait_popleft(E):
+    ei = E[2]
+    wait = E[6]
+    r = wait[ei[E_WHEAD]]
+    ei[E_WHEAD] = (ei[E_WHEAD] + 1) & ei[E_WMASK]
+    ei[E_WLEN] -= 1
+    return r
+
+
+@inlined
+def submit(E, r, now):
+    """``TokenEngine.submit`` (the request was checked when the world was built)."""
+    rf = E[1]
+    ei = E[2]
+    ef = E[3]
+    if math.isnan(rf[r, DISP]):
+        rf[r, DISP] = now
+    _wait_append(E, r)
+    if ei[E_BUSY]:
+        advance_to(E, now)
+        truncate(E)
+    else:
+        ei[E_BUSY] = 1
+        ei[E_K] = 0
+        ef[F_T0] = now
+        ef[F_END] = now
+
+
+@inlined
+def kv_blocks_used(E):
+    ei = E[2]
+    in_flight = 1 if (ei[E_BUSY] and ei[E_K] > 0) else 0
+    return ei[E_EXPL] + lock_blocks(E, ei[E_G] - 1 + in_flight)
+
+
+@inlined
+def _admit(E, now, budget, free, tokens, pairs):
+    ri = E[0]
+    rf = E[1]
+    ei = E[2]
+    run = E[4]
+    part = E[5]
+    wait = E[6]
+    chunks = E[9]
+    bs = ei[E_BS]
+    while ei[E_WLEN] > 0 and budget > 0 and ei[E_NRUN] < ei[E_MNS]:
+        r = wait[ei[E_WHEAD]]
+        chunk = min(ri[r, PROMPT] + ri[r, GEN], budget)
+        nb = -(-chunk // bs)
+        if nb > free:
+            break
+        _wait_popleft(E)
+        ei[E_ORDER] += 1
+        ri[r, ORDER] = ei[E_ORDER]
+        ri[r, SC] = 0
+        ri[r, SLOCK] = 0
+        ri[r, SBLK] = nb
+        ri[r, RUN] = 1
+        run[ei[E_NRUN]] = r
+        ei[E_NRUN] += 1
+        part[ei[E_NPART]] = r
+        ei[E_NPART] += 1
+        ei[E_EXPL] += nb
+        free -= nb
+        budget -= chunk
+        nc = ei[E_NCH]
+        chunks[nc, 0] = r
+        chunks[nc, 1] = ri[r, ORDER]
+        chunks[nc, 2] = chunk
+        ei[E_NCH] = nc + 1
+        tokens += chunk
+        pairs += chunk * (chunk + 1) / 2.0
+        if math.isnan(rf[r, FSCHED]):
+            rf[r, FSCHED] = now
+    return tokens, pairs
+
+
+@inlined
+def _macro_length(E):
+    ei = E[2]
+    heap = E[7]
+    while not _heap_top_live(E):
+        heap_pop(E)
+    G = ei[E_G]
+    k = heap[0, 0] - G
+    cap = ei[E_NGB] - ei[E_EXPL]
+    if lock_blocks(E, G) + ei[E_N] * ((k - 1) // ei[E_BS] + 1) <= cap:
+        return k
+    lo = 1
+    hi = k
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if lock_blocks(E, G + mid - 1) <= cap:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
+
+
+@inlined
+def _start(E, now, dt, k, tokens):
+    ei = E[2]
+    ef = E[3]
+    ef[F_T0] = now
+    ef[F_BASE] = dt
+    ef[F_SLOPE] = ef[F_KV] * ei[E_N] if k > 1 else 0.0
+    ei[E_K] = k
+    ef[F_END] = now + k * dt + ef[F_SLOPE] * (k * (k - 1) / 2.0)
+    ei[E_STEPTOK] = tokens
+
+
+@inlined
+def schedule(E, now):
+    ri = E[0]
+    ei = E[2]
+    ef = E[3]
+    part = E[5]
+    chunks = E[9]
+    plan = E[10]
+    bs = ei[E_BS]
+    G = ei[E_G]
+    n = ei[E_N]
+    budget = ei[E_MNBT] - n
+    held = lock_blocks(E, G - 1)
+    free = ei[E_NGB] - ei[E_EXPL] - held
+    need = lock_blocks(E, G) - held
+    nplan = 0
+    for i in range(ei[E_NPART]):
+        r = part[i]
+        chunk = min(ri[r, PROMPT] + ri[r, GEN] - ri[r, COMP], budget)
+        if chunk <= 0:
+            break
+        nb = -(-(ri[r, COMP] + chunk) // bs) - ri[r, SBLK]
+        plan[nplan, 0] = r
+        plan[nplan, 1] = chunk
+        plan[nplan, 2] = nb
+        nplan += 1
+        need += nb
+        budget -= chunk
+    if need > free:
+        _schedule_exact(E, now)
+        return
+    free -= need
+    tokens = n
+    pairs = 0.0
+    ei[E_NCH] = 0
+    for i in range(nplan):
+        r = plan[i, 0]
+        chunk = plan[i, 1]
+        nb = plan[i, 2]
+        ri[r, SBLK] += nb
+        ei[E_EXPL] += nb
+        nc = ei[E_NCH]
+        chunks[nc, 0] = r
+        chunks[nc, 1] = ri[r, ORDER]
+        chunks[nc, 2] = chunk
+        ei[E_NCH] = nc + 1
+        tokens += chunk
+        pairs += chunk * (ri[r, COMP] + (chunk + 1) / 2.0)
+    tokens, pairs = _admit(E, now, budget, free, tokens, pairs)
+    kv = ei[E_A] + n * G
+    dt = step_time(ef, E[13], tokens, n + ei[E_NCH], kv, pairs)
+    if tokens == 0:
+        raise RuntimeError("token engine scheduled an empty step (bug)")
+    k = 1
+    if ei[E_NCH] == 0:
+        k = _macro_length(E)
+    _start(E, now, dt, k, tokens)
+
+
+@inlined
+def _preempt(E, r):
+    ri = E[0]
+    ei = E[2]
+    part = E[5]
+    _run_remove(E, r)
+    ei[E_EXPL] -= ri[r, SBLK]
+    ri[r, SBLK] = 0
+    for i in range(ei[E_NPART]):
+        if part[i] == r:
+            _part_remove(E, r)
+            break
+    ri[r, COMP] = 0
+    ri[r, PRE] += 1
+    ei[E_NPRE] += 1
+    _wait_appendleft(E, r)
+
+
+@kernel
+def _schedule_exact(E, now):
+    ri = E[0]
+    ei = E[2]
+    ef = E[3]
+    run = E[4]
+    part = E[5]
+    cnt = E[8]
+    chunks = E[9]
+    plan = E[10]
+    scratch = E[12]
+    bs = ei[E_BS]
+    G = ei[E_G]
+    nrun = ei[E_NRUN]
+    for i in range(nrun):
+        r = run[i]
+        if ri[r, SLOCK] == 1:
+            ri[r, WDEC] = 1
+            materialize(E, r, G)
+            ri[r, SBLK] = -(-ri[r, COMP] // bs)
+            ri[r, SLOCK] = 0
+            ei[E_EXPL] += ri[r, SBLK]
+        else:
+            ri[r, WDEC] = 0
+    ei[E_N] = 0
+    ei[E_A] = 0
+    ei[E_SUMQ] = 0
+    cnt[:] = 0
+    ei[E_HLEN] = 0
+    # run = list(self._running.values()): a copy that preemption pops from the end
+    for i in range(nrun):
+        scratch[i] = run[i]
+    nlist = nrun
+    free = ei[E_NGB] - ei[E_EXPL]
+    budget = ei[E_MNBT]
+    preempted = False
+    nsched = 0  # sched[j] = (request, tokens) in plan
+    i = 0
+    while i < nlist and budget > 0:
+        r = scratch[i]
+        ntok = min(ri[r, PROMPT] + ri[r, GEN] - ri[r, COMP], budget)
+        nb = -(-(ri[r, COMP] + ntok) // bs) - ri[r, SBLK]
+        gone = False
+        while nb > free:
+            nlist -= 1
+            victim = scratch[nlist]
+            free += ri[victim, SBLK]
+            _preempt(E, victim)
+            preempted = True
+            if victim == r:
+                gone = True
+                break
+        if gone:
+            break
+        ri[r, SBLK] += nb
+        ei[E_EXPL] += nb
+        free -= nb
+        budget -= ntok
+        plan[nsched, 0] = r
+        plan[nsched, 1] = ntok
+        nsched += 1
+        i += 1
+    tokens = 0
+    pairs = 0.0
+    kv = 0
+    ei[E_NCH] = 0
+    for j in range(nsched):
+        r = plan[j, 0]
+        ntok = plan[j, 1]
+        tokens += ntok
+        if ri[r, WDEC] == 1:
+            kv += ri[r, COMP] + 1
+            lock_add(E, r, ri[r, COMP] + 1)
+        else:
+            pairs += ntok * (ri[r, COMP] + (ntok + 1) / 2.0)
+            nc = ei[E_NCH]
+            chunks[nc, 0] = r
+            chunks[nc, 1] = ri[r, ORDER]
+            chunks[nc, 2] = ntok
+            ei[E_NCH] = nc + 1
+    npart = 0
+    for j in range(ei[E_NRUN]):
+        r = run[j]
+        if ri[r, SLOCK] == 0:
+            part[npart] = r
+            npart += 1
+    ei[E_NPART] = npart
+    if not preempted:
+        tokens, pairs = _admit(E, now, budget, free, tokens, pairs)
+    dt = step_time(ef, E[13], tokens, ei[E_N] + ei[E_NCH], kv, pairs)
+    _start(E, now, dt, 1, tokens)
+
+
+@inlined
+def _cum(ef, j):
+    return j * ef[F_BASE] + ef[F_SLOPE] * (j * (j - 1) / 2.0)
+
+
+@inlined
+def commit_decodes(E, j):
+    ei = E[2]
+    ei[E_G] += j
+    ei[E_GENTOT] += ei[E_N] * j
+    ei[E_NSTEPS] += j
+
+
+@inlined
+def advance_to(E, t):
+    ei = E[2]
+    ef = E[3]
+    k = ei[E_K]
+    if k <= 1:
+        return
+    d = t - ef[F_T0]
+    if d < ef[F_BASE]:
+        return
+    slope = ef[F_SLOPE]
+    if slope > 0:
+        b = ef[F_BASE] - slope / 2.0
+        j = int((-b + math.sqrt(b * b + 2.0 * slope * d)) / slope)
+    else:
+        j = int(d / ef[F_BASE])
+    j = min(max(j, 0), k - 1)
+    while j < k - 1 and _cum(ef, j + 1) <= d:
+        j += 1
+    while j > 0 and _cum(ef, j) > d:
+        j -= 1
+    if j == 0:
+        return
+    commit_decodes(E, j)
+    ef[F_T0] += _cum(ef, j)
+    ef[F_BASE] += slope * j
+    ei[E_K] = k - j
+
+
+@inlined
+def truncate(E):
+    ei = E[2]
+    ef = E[3]
+    if ei[E_K] > 1:
+        ei[E_K] = 1
+        ef[F_END] = ef[F_T0] + ef[F_BASE]
+        ef[F_SLOPE] = 0.0
+
+
+@inlined
+def _end_step(E, now):
+    """Writes the finished requests to ``fin``; returns how many."""
+    ri = E[0]
+    rf = E[1]
+    ei = E[2]
+    heap = E[7]
+    chunks = E[9]
+    fin = E[11]
+    commit_decodes(E, ei[E_K])
+    ei[E_K] = 0
+    nfin = 0
+    G = ei[E_G]
+    while ei[E_HLEN] > 0 and heap[0, 0] <= G:
+        live = _heap_top_live(E)
+        r = heap_pop(E)
+        if not live:
+            continue
+        _run_remove(E, r)
+        release(E, r)
+        rf[r, FIN] = now
+        fin[nfin] = r
+        nfin += 1
+    for i in range(ei[E_NCH]):
+        r = chunks[i, 0]
+        if ri[r, RUN] == 0 or ri[r, ORDER] != chunks[i, 1]:
+            continue
+        chunk = chunks[i, 2]
+        ri[r, COMP] += chunk
+        ei[E_PREFILL] += chunk
+        tokens = ri[r, PROMPT] + ri[r, GEN]
+        if ri[r, COMP] < tokens:
+            continue
+        ri[r, GEN] += 1
+        ei[E_GENTOT] += 1
+        if math.isnan(rf[r, FTOK]):
+            rf[r, FTOK] = now
+            ei[E_PROMPTTOT] += ri[r, PROMPT]
+        if ri[r, GEN] >= ri[r, OUT]:
+            _run_remove(E, r)
+            release(E, r)
+            rf[r, FIN] = now
+            fin[nfin] = r
+            nfin += 1
+        else:
+            _part_remove(E, r)
+            lock_add(E, r, tokens + 1)
+    ei[E_NCH] = 0
+    return nfin
+
+
+@inlined
+def process_event(E, now):
+    ei = E[2]
+    ef = E[3]
+    if not ei[E_BUSY]:
+        return 0
+    nfin = _end_step(E, now) if ei[E_K] > 0 else 0
+    if ei[E_NRUN] > 0 or ei[E_WLEN] > 0:
+        schedule(E, now)
+    else:
+        ei[E_BUSY] = 0
+        ei[E_K] = 0
+        ef[F_END] = math.inf
+    return nfin
+
+
+@inlined
+def sync(E, now):
+    if E[2][E_BUSY]:
+        advance_to(E, now)
+
+
+# ====================================================================================== admission core
+
+
+@inlined
+def next_deadline(S, ri, rf):
+    ai = S[0]
+    qbuf = S[2]
+    si = S[4]
+    if si[S_NLATE] > 0:
+        return -math.inf
+    best = math.inf
+    if si[S_QUEUED] == 0:
+        return best
+    for k in range(ai.shape[0]):
+        if ai[k, A_QT] > ai[k, A_QH]:
+            d = rf[qbuf[ai[k, A_QH]], QDL]
+            if d < best:
+                best = d
+    return best
+
+
+@inlined
+def _dispatch_one(S, rf, k, now):
+    """``AdmissionCore._dispatch_one``: the request index dispatched, or -1."""
+    ai = S[0]
+    qbuf = S[2]
+    late = S[3]
+    si = S[4]
+    while ai[k, A_QT] > ai[k, A_QH]:
+        r = qbuf[ai[k, A_QH]]
+        ai[k, A_QH] += 1
+        si[S_QUEUED] -= 1
+        if rf[r, QDL] < now:
+            ai[k, A_DROP] += 1
+            late[si[S_NLATE]] = r
+            si[S_NLATE] += 1
+            continue
+        ai[k, A_INFL] += 1
+        ai[k, A_ADM] += 1
+        return r
+    return -1
+
+
+@inlined
+def _dispatch(E, S, r):
+    """``Simulation._dispatch``: a request leaves the admission queue for the engine."""
+    ri = E[0]
+    rf = E[1]
+    now = S[5][S_NOW]
+    S[14][ri[r, TEN]] -= ri[r, PROMPT]
+    rf[r, DISP] = now
+    submit(E, r, now)
+
+
+@kernel
+def set_limit(E, S, k, limit):
+    """``AdmissionCore.set_limit`` and the dispatches it causes (``Simulation.apply_deltas``)."""
+    ai = S[0]
+    ai[k, A_LIMIT] = limit
+    if ai[k, A_QT] > ai[k, A_QH] and ai[k, A_INFL] < limit:
+        now = S[5][S_NOW]
+        while ai[k, A_INFL] < limit:
+            r = _dispatch_one(S, E[1], k, now)
+            if r < 0:
+                break
+            _dispatch(E, S, r)
+
+
+# ====================================================================================== the event loop
+
+
+@inlined
+def _drop(S, ri, r, t):
+    wi = S[6]
+    wd = S[8]
+    tot = S[13]
+    qtok = S[14]
+    k = ri[r, TEN]
+    qtok[k] -= ri[r, PROMPT]
+    tot[k, T_DROPPED] += 1
+    wd[wi[k, W_DT]] = t
+    wi[k, W_DT] += 1
+
+
+@kernel
+def _expire(S, ri, rf):
+    ai = S[0]
+    qbuf = S[2]
+    late = S[3]
+    si = S[4]
+    sf = S[5]
+    now = sf[S_NOW]
+    for j in range(si[S_NLATE]):
+        _drop(S, ri, late[j], now)
+    si[S_NLATE] = 0
+    for k in range(ai.shape[0]):
+        while ai[k, A_QT] > ai[k, A_QH] and rf[qbuf[ai[k, A_QH]], QDL] <= now:
+            r = qbuf[ai[k, A_QH]]
+            ai[k, A_QH] += 1
+            si[S_QUEUED] -= 1
+            ai[k, A_DROP] += 1
+            _drop(S, ri, r, now)
+
+
+@inlined
+def _arrive(E, S, r, t):
+    ri = E[0]
+    rf = E[1]
+    ai = S[0]
+    af = S[1]
+    qbuf = S[2]
+    si = S[4]
+    sf = S[5]
+    wi = S[6]
+    wa = S[7]
+    wr = S[9]
+    tot = S[13]
+    qtok = S[14]
+    k = ri[r, TEN]
+    tot[k, T_ARRIVED] += 1
+    wa[wi[k, W_AT]] = t
+    wi[k, W_AT] += 1
+    # AdmissionCore.offer
+    if ai[k, A_INFL] < ai[k, A_LIMIT] and ai[k, A_QT] == ai[k, A_QH]:
+        ai[k, A_INFL] += 1
+        ai[k, A_ADM] += 1
+        rf[r, DISP] = t
+        submit(E, r, t)
+    elif ai[k, A_QT] - ai[k, A_QH] >= ai[k, A_MAXQ]:
+        ai[k, A_REJ] += 1
+        tot[k, T_REJECTED] += 1
+        wr[wi[k, W_RT]] = t
+        wi[k, W_RT] += 1
+    else:
+        now = sf[S_NOW]
+        rf[r, QDL] = now + af[k]
+        rf[r, QENQ] = now
+        qbuf[ai[k, A_QT]] = r
+        ai[k, A_QT] += 1
+        si[S_QUEUED] += 1
+        qtok[k] += ri[r, PROMPT]
+
+
+@inlined
+def _finish(E, S, r, t):
+    ri = E[0]
+    rf = E[1]
+    ai = S[0]
+    sf = S[5]
+    wi = S[6]
+    wc = S[10]
+    wp = S[11]
+    tot = S[13]
+    k = ri[r, TEN]
+    arrival = rf[r, ARR]
+    e2e = t - arrival
+    ttft = rf[r, FTOK] - arrival
+    out = ri[r, OUT]
+    per_token = (e2e - ttft) / (out - 1) if out > 1 else 0.0
+    tot[k, T_COMPLETED] += 1
+    tot[k, T_OUT] += out
+    good = ttft <= wp[k, P_B_TTFT] and per_token <= wp[k, P_B_TPOT] and e2e <= wp[k, P_B_E2E]
+    if good:
+        tot[k, T_GOOD] += 1
+    if e2e > wp[k, P_V_E2E] or ttft > wp[k, P_V_TTFT]:
+        tot[k, T_VIOL] += 1
+    _prune_done(wi, wc, S[15], S[16], k, t - sf[S_WIN])  # what the next summary would drop (time only moves on)
+    c = wi[k, W_CT]
+    wc[c, C_T] = t
+    wc[c, C_E2E] = e2e
+    wc[c, C_TTFT] = ttft
+    wc[c, C_WAIT] = rf[r, DISP] - arrival
+    wc[c, C_TPOT] = per_token
+    wc[c, C_OUT] = out
+    wc[c, C_GOOD] = 1.0 if good else 0.0
+    wi[k, W_CT] = c + 1
+    wi[k, W_DIRTY] = 1
+    _sorted_insert(S[15], wi[k, W_CB], wi[k, W_CT] - 1 - wi[k, W_CH], e2e, ttft, rf[r, DISP] - arrival, per_token)
+    wsum = S[16]
+    wsum[k, 0] += out
+    wsum[k, 1] += 1 if good else 0
+    # AdmissionCore.release
+    if ai[k, A_INFL] <= 0:
+        raise RuntimeError("release() with nothing in flight (bug)")
+    ai[k, A_INFL] -= 1
+    if ai[k, A_QT] > ai[k, A_QH] and ai[k, A_INFL] < ai[k, A_LIMIT]:
+        nxt = _dispatch_one(S, rf, k, sf[S_NOW])
+        if nxt >= 0:
+            _dispatch(E, S, nxt)
+
+
+@kernel
+def advance(E, S, arrivals, until):
+    """``Simulation.advance``: run the world to ``until``."""
+    ri = E[0]
+    rf = E[1]
+    ef = E[3]
+    fin = E[11]
+    si = S[4]
+    sf = S[5]
+    n = si[S_NREQ]
+    i = si[S_NEXT]
+    inf = math.inf
+    ta = arrivals[i] if i < n else inf
+    while True:
+        te = ef[F_END]
+        td = next_deadline(S, ri, rf)
+        t = ta if ta < te else te
+        if td < t:
+            t = td
+        if t > until:
+            break
+        if t < sf[S_NOW]:
+            t = sf[S_NOW]
+        sf[S_NOW] = t
+        if te <= ta and te <= td:
+            nfin = process_event(E, t)
+            for j in range(nfin):
+                _finish(E, S, fin[j], t)
+        elif td <= ta:
+            _expire(S, ri, rf)
+        else:
+            r = i
+            i += 1
+            si[S_NEXT] = i
+            ta = arrivals[i] if i < n else inf
+            _arrive(E, S, r, t)
+    sf[S_NOW] = until
+
+
+# ====================================================================================== observation
+
+
+@inlined
+def _p3(v, lo, n, out, at):
+    """``p50_p95_p99`` of the sorted ``v[lo:lo + n]`` (two or more) into ``out[at:at + 3]``."""
+    m = n - 1
+    for j in range(3):
+        pos = m * (0.5, 0.95, 0.99)[j]
+        i = int(pos)
+        if i >= m:
+            out[at + j] = v[lo + m]
+        else:
+            out[at + j] = v[lo + i] + (v[lo + i + 1] - v[lo + i]) * (pos - i)
+
+
+@kernel
+def _sorted_insert(ws, base, length, e2e, ttft, wait, tpot):
+    """Insert one completion's four latencies into a tenant's sorted windows (``ws[:, base:base + length]``).
+
+    The windows keep their e2e, TTFT, wait and TPOT values sorted as completions come and go, so that a
+    decision reads percentiles off them instead of sorting (``TenantWindows.summary`` sorts the same
+    values: the same multiset, so the same order statistics)."""
+    for f in range(4):
+        x = (e2e, ttft, wait, tpot)[f]
+        lo = base
+        hi = base + length
+        while lo < hi:  # bisect_right
+            mid = (lo + hi) // 2
+            if x < ws[f, mid]:
+                hi = mid
+            else:
+                lo = mid + 1
+        for j in range(base + length, lo, -1):
+            ws[f, j] = ws[f, j - 1]
+        ws[f, lo] = x
+
+
+@kernel
+def _sorted_remove(ws, wc, base, length, c):
+    """Remove completion ``c``'s four latencies from a tenant's sorted windows (``ws[:, base:base + length]``)."""
+    for f in range(4):
+        x = wc[c, (C_E2E, C_TTFT, C_WAIT, C_TPOT)[f]]
+        lo = base
+        hi = base + length
+        while lo < hi:  # bisect_left
+            mid = (lo + hi) // 2
+            if ws[f, mid] < x:
+                lo = mid + 1
+            else:
+                hi = mid
+        for j in range(lo, base + length - 1):
+            ws[f, j] = ws[f, j + 1]
+
+
+@kernel
+def _prune_done(wi, wc, ws, wsum, k, cutoff):
+    """Drop tenant ``k``'s completions at or before ``cutoff`` from its window."""
+    if wi[k, W_CT] > wi[k, W_CH] and wc[wi[k, W_CH], C_T] <= cutoff:
+        while wi[k, W_CT] > wi[k, W_CH] and wc[wi[k, W_CH], C_T] <= cutoff:
+            c = wi[k, W_CH]
+            _sorted_remove(ws, wc, wi[k, W_CB], wi[k, W_CT] - c, c)
+            wsum[k, 0] -= int(wc[c, C_OUT])
+            wsum[k, 1] -= int(wc[c, C_GOOD])
+            wi[k, W_CH] = c + 1
+        wi[k, W_DIRTY] = 1
+
+
+@kernel
+def _window_summary(S, k, now, out, at):
+    """``TenantWindows.summary`` of tenant ``k`` into ``out[at:at + 21]``."""
+    sf = S[5]
+    wi = S[6]
+    wa = S[7]
+    wd = S[8]
+    wr = S[9]
+    wc = S[10]
+    wp = S[11]
+    wcache = S[12]
+    ws = S[15]
+    wsum = S[16]
+    w_s = sf[S_WIN]
+    cutoff = now - w_s
+    _prune_done(wi, wc, ws, wsum, k, cutoff)
+    while wi[k, W_AT] > wi[k, W_AH] and wa[wi[k, W_AH]] <= cutoff:
+        wi[k, W_AH] += 1
+    while wi[k, W_DT] > wi[k, W_DH] and wd[wi[k, W_DH]] <= cutoff:
+        wi[k, W_DH] += 1
+    while wi[k, W_RT] > wi[k, W_RH] and wr[wi[k, W_RH]] <= cutoff:
+        wi[k, W_RH] += 1
+    pct = wcache[k]
+    if wi[k, W_DIRTY]:
+        lo = wi[k, W_CH]
+        n = wi[k, W_CT] - lo
+        base = wi[k, W_CB]
+        if n > 1:
+            _p3(ws[0], base, n, pct, 0)
+            _p3(ws[1], base, n, pct, 3)
+            pct[6] = float(n)
+            m = n - 1
+            pos = m * 0.99
+            lw = int(pos)
+            v = ws[2]
+            pct[7] = v[base + m] if lw >= m else v[base + lw] + (v[base + lw + 1] - v[base + lw]) * (pos - lw)
+            pct[8] = wp[k, P_SLO_E2E]
+            pct[9] = wp[k, P_SLO_TTFT]
+            pct[10] = wsum[k, 0] / w_s
+            _p3(ws[3], base, n, pct, 11)  # tpot p50, p95 (overwritten next), p99
+            pct[12] = pct[13]
+            pct[13] = wsum[k, 1] / w_s
+        elif n == 1:
+            e = wc[lo, C_E2E]
+            f = wc[lo, C_TTFT]
+            p = wc[lo, C_TPOT]
+            pct[0] = e
+            pct[1] = e
+            pct[2] = e
+            pct[3] = f
+            pct[4] = f
+            pct[5] = f
+            pct[6] = 1.0
+            pct[7] = wc[lo, C_WAIT]
+            pct[8] = wp[k, P_SLO_E2E]
+            pct[9] = wp[k, P_SLO_TTFT]
+            pct[10] = int(wc[lo, C_OUT]) / w_s
+            pct[11] = p
+            pct[12] = p
+            pct[13] = wc[lo, C_GOOD] / w_s
+        else:
+            for j in range(8):
+                pct[j] = 0.0
+            pct[8] = wp[k, P_SLO_E2E]
+            pct[9] = wp[k, P_SLO_TTFT]
+            for j in range(10, 14):
+                pct[j] = 0.0
+        pct[14] = wp[k, P_REQ_TTFT]
+        pct[15] = wp[k, P_REQ_TPOT]
+        pct[16] = wp[k, P_REQ_E2E]
+        wi[k, W_DIRTY] = 0
+    out[at] = float(wi[k, W_AT] - wi[k, W_AH])
+    out[at + 1] = float(wi[k, W_CT] - wi[k, W_CH])
+    out[at + 2] = float(wi[k, W_DT] - wi[k, W_DH])
+    out[at + 3] = float(wi[k, W_RT] - wi[k, W_RH])
+    for j in range(NCACHE):
+        out[at + 4 + j] = pct[j]
+
+
+@kernel
+def observe(E, S, out):
+    """``Simulation.observe_values`` into ``out`` (5 + 27·tenants values), all but the preemption count
+    (index 4, from the caller's window over ``ei[E_NPRE]``)."""
+    ri = E[0]
+    rf = E[1]
+    ei = E[2]
+    run = E[4]
+    wait = E[6]
+    ai = S[0]
+    now = S[5][S_NOW]
+    qtok = S[14]
+    sync(E, now)
+    nt = ai.shape[0]
+    # TokenEngine.tenant_tokens: prefill and held per tenant, written straight into the tenant blocks
+    base = N_GLOBAL
+    for k in range(nt):
+        out[base + k * N_TENANT + 25] = 0.0
+        out[base + k * N_TENANT + 26] = 0.0
+    g = ei[E_G]
+    for j in range(ei[E_NRUN]):
+        r = run[j]
+        at = base + ri[r, TEN] * N_TENANT
+        if ri[r, SLOCK] == 1:
+            out[at + 26] += ri[r, SC] + g
+        else:
+            out[at + 26] += ri[r, PROMPT] + ri[r, GEN]
+        if math.isnan(rf[r, FTOK]):
+            out[at + 25] += ri[r, PROMPT]
+    for j in range(ei[E_WLEN]):
+        r = wait[(ei[E_WHEAD] + j) & ei[E_WMASK]]
+        at = base + ri[r, TEN] * N_TENANT
+        out[at + 26] += ri[r, PROMPT] + ri[r, GEN]
+        if math.isnan(rf[r, FTOK]):
+            out[at + 25] += ri[r, PROMPT]
+    out[0] = kv_blocks_used(E) / ei[E_NGB]
+    out[1] = float(ei[E_NRUN])
+    out[2] = float(ei[E_WLEN])
+    s = 0.0
+    for k in range(nt):
+        s += out[base + k * N_TENANT + 25]
+    out[3] = s
+    for k in range(nt):
+        at = base + k * N_TENANT
+        out[at] = float(ai[k, A_QT] - ai[k, A_QH])
+        out[at + 1] = float(ai[k, A_INFL])
+        out[at + 2] = float(ai[k, A_LIMIT])
+        _window_summary(S, k, now, out, at + 3)
+        out[at + 24] = qtok[k]
+
+
+@kernel
+def preemptions_in_window(S, now, total):
+    """``PreemptionWindow.add(now, total)`` then ``.count(now)`` (core/telemetry.py), on a ring of samples."""
+    si = S[4]
+    pt = S[17]
+    pv = S[18]
+    w_s = S[5][S_WIN]
+    mask = PW_CAP - 1
+    if si[S_PWLEN] >= PW_CAP:
+        raise RuntimeError("compiled world: more than 4096 observations inside one telemetry window")
+    j = (si[S_PWHEAD] + si[S_PWLEN]) & mask
+    pt[j] = now
+    pv[j] = total
+    si[S_PWLEN] += 1
+    cutoff = now - w_s
+    while si[S_PWLEN] > 1 and pt[(si[S_PWHEAD] + 1) & mask] <= cutoff:
+        si[S_PWHEAD] = (si[S_PWHEAD] + 1) & mask
+        si[S_PWLEN] -= 1
+    if si[S_PWLEN] < 2:
+        return 0.0
+    base = pv[si[S_PWHEAD]]
+    for i in range(si[S_PWLEN]):
+        j = (si[S_PWHEAD] + i) & mask
+        if pt[j] > cutoff:
+            break
+        base = pv[j]
+    return max(0.0, pv[(si[S_PWHEAD] + si[S_PWLEN] - 1) & mask] - base)
+
+
+@kernel
+def observe_all(E, S, out):
+    """``observe`` with the preemption count filled in: the whole observation vector."""
+    observe(E, S, out)
+    out[4] = preemptions_in_window(S, S[5][S_NOW], float(E[2][E_NPRE]))
+
+
+@kernel
+def env_step(E, S, arrivals, limits, until, out, taken, counts):
+    """One decision interval in one call: set each tenant's new limit (where it changed, in tenant order, as
+    ``Simulation.apply_deltas``), run to ``until``, observe into ``out``, and write the interval's counts
+    (the episode totals minus ``taken``, which becomes the totals) into ``counts``."""
+    ai = S[0]
+    tot = S[13]
+    for k in range(ai.shape[0]):
+        if limits[k] != ai[k, A_LIMIT]:
+            set_limit(E, S, k, limits[k])
+    advance(E, S, arrivals, until)
+    observe_all(E, S, out)
+    for k in range(tot.shape[0]):
+        for j in range(NTOT):
+            counts[k, j] = tot[k, j] - taken[k, j]
+            taken[k, j] = tot[k, j]

@@ -1,0 +1,151 @@
+"""The compiled world (envs/compiled.py, envs/kernels.py) against the Python world it transcribes.
+
+The claim is bit-identical episodes: the same observation vectors, interval counts, limits, episode and
+tenant summaries and request timestamps, decision by decision, under random actions that push limits to
+both bounds. The scenarios are chosen to reach every path of the kernels: macro-steps (h200-mixed), heavy
+KV preemption (long-context-chat and a family instance), queue timeouts and rejections (servegen-skewed's
+queues under low limits), many tenants (servegen-skewed, 8).
+"""
+
+from __future__ import annotations
+
+import math
+
+import admit.envs  # noqa: F401  (registers the env ids)
+import gymnasium as gym
+import numpy as np
+import pytest
+from admit.controllers.registry import make_controller
+from admit.envs.compiled import CompiledSimulation, make_simulation
+from admit.envs.scenario import Scenario, load_scenario
+from admit.envs.simulation import Simulation
+
+
+def _scenario(name: str, horizon_s: float, max_queue: int | None = None) -> Scenario:
+    sc = load_scenario(name).model_copy(update={"horizon_s": horizon_s})
+    if max_queue is not None:  # short queues: offers are rejected as well as timed out
+        sc = sc.model_copy(update={"admission": sc.admission.model_copy(update={"max_queue": max_queue})})
+    return sc
+
+
+def _random_episode(name: str, seed: int, horizon_s: float,
+                    max_queue: int | None = None) -> tuple[Simulation, CompiledSimulation, int]:
+    sc = _scenario(name, horizon_s, max_queue)
+    py, cw = Simulation(sc, seed), CompiledSimulation(sc, seed)
+    rng = np.random.default_rng(seed)
+    k = sc.limits.max_step
+    n = len(sc.tenants)
+    steps = 0
+    assert np.array_equal(np.asarray(py.observe_values()), cw.observe_values())
+    while not py.done:
+        deltas = rng.integers(-k, k + 1, size=n).tolist()
+        if steps % 2:  # the env's fused call
+            limits, values, counts = cw.step_observed(deltas)
+            assert py.step(deltas) == limits
+            want = py.observe_values()
+            got_counts = counts.tolist()
+        else:  # step, observe and count as three calls (what Simulation.run does)
+            limits = cw.step(deltas)
+            assert py.step(deltas) == limits
+            want, values = py.observe_values(), cw.observe_values()
+            got_counts = [[c.arrived, c.completed, c.dropped, c.rejected, c.slo_violations, c.good, c.output_tokens]
+                          for c in cw.take_interval_totals()]
+        bad = np.flatnonzero(np.asarray(want) != values)
+        assert bad.size == 0, f"{name} seed {seed} t={py.now}: observation entries {bad[:8].tolist()} differ"
+        want_counts = [[c.arrived, c.completed, c.dropped, c.rejected, c.slo_violations, c.good, c.output_tokens]
+                       for c in py.take_interval_totals()]
+        assert got_counts == want_counts, f"{name} seed {seed} t={py.now}"
+        steps += 1
+    assert cw.done and cw.now == py.now
+    return py, cw, steps
+
+
+@pytest.mark.parametrize(("name", "seed", "horizon_s", "max_queue"), [
+    ("h200-mixed", 0, 600.0, None),
+    ("long-context-chat", 3, 600.0, None),
+    ("h200-mix@5", 3, 600.0, None),
+    ("h200-mix@11002", 1, 600.0, None),
+    ("servegen-skewed", 1, 300.0, None),
+    ("servegen-skewed", 2, 300.0, 3),
+])
+def test_random_episode_is_bit_identical(name: str, seed: int, horizon_s: float, max_queue: int | None) -> None:
+    py, cw, steps = _random_episode(name, seed, horizon_s, max_queue)
+    assert steps > 100
+    assert py.summary() == cw.summary()
+    assert py.tenant_summary() == cw.tenant_summary()
+    for a, b in zip(py.totals, cw.totals, strict=True):
+        assert (list(a.e2e), list(a.ttft), list(a.tpot)) == (list(b.e2e), list(b.ttft), list(b.tpot))
+    fields = ("rid", "tenant", "arrival", "prompt_tokens", "output_tokens", "u_service", "dispatched",
+              "first_scheduled", "first_token", "finished", "preemptions")
+    for a, b in zip(py.requests, cw.requests, strict=True):
+        va, vb = (tuple(getattr(r, f) for f in fields) for r in (a, b))
+        assert va == vb or all(x == y or (math.isnan(x) and math.isnan(y)) for x, y in zip(va, vb, strict=True))
+    assert cw.num_preemptions == py.engine.num_preemptions
+
+
+def test_the_paths_the_scenarios_were_chosen_for_are_reached() -> None:
+    """Preemptions, queue-timeout drops and rejections all happen in the episodes above (else the
+    comparison would not cover them)."""
+    _, cw, _ = _random_episode("long-context-chat", 3, 600.0)
+    assert cw.num_preemptions > 50
+    assert _random_episode("h200-mix@11002", 1, 600.0)[1].summary()["timeouts"] > 0
+    assert _random_episode("servegen-skewed", 2, 300.0, 3)[1].summary()["rejected"] > 0
+
+
+def test_a_controller_run_matches_in_both_worlds() -> None:
+    """Simulation.run's decision loop (what the evaluator and tuner use) on a hand-written adaptive policy."""
+    sc = load_scenario("h200-mix@11002").model_copy(update={"horizon_s": 400.0})
+    out = []
+    for world in ("python", "compiled"):
+        ctrl = make_controller("gradient2")
+        ctrl.reset(sc.control_spec(), 7)
+        sim = make_simulation(sc, 7, world=world)
+        stats = sim.run(ctrl, name="gradient2")
+        out.append((stats, sim.summary(), sim.tenant_summary()))
+    assert out[0] == out[1]
+    assert isinstance(make_simulation(sc, 7), CompiledSimulation)
+
+
+def test_env_is_identical_in_both_worlds() -> None:
+    rewards, obs = [], []
+    for world in ("python", "compiled"):
+        env = gym.make("admit/TenantAdmission-v1", scenario="h200-mixed", world=world)
+        env.action_space.seed(5)
+        o, _ = env.reset(seed=5)
+        rs, os_ = [], [o]
+        for _ in range(150):
+            o, r, _, trunc, info = env.step(env.action_space.sample())
+            rs.append((r, info["reward_terms"], info["limits"], info["p99_s"], info["completions"]))
+            os_.append(o)
+        last = env.unwrapped.last_observation
+        rewards.append(rs)
+        obs.append((np.stack(os_), last))
+    assert rewards[0] == rewards[1]
+    assert np.array_equal(obs[0][0], obs[1][0]) and obs[0][0].dtype == obs[1][0].dtype == np.float32
+    assert obs[0][1] == obs[1][1]
+
+
+def test_world_choice_and_what_the_compiled_world_refuses() -> None:
+    with pytest.raises(ValueError, match="world 'fast' is unknown; allowed: compiled, python"):
+        make_simulation(load_scenario("h200-mixed"), 0, world="fast")
+    with pytest.raises(ValueError, match="world 'fast' is unknown"):
+        gym.make("admit/TenantAdmission-v1", scenario="h200-mixed", world="fast")
+    seed_paper = load_scenario("seed-paper")  # the slot engine: the Python world runs it
+    assert isinstance(make_simulation(seed_paper, 0), Simulation)
+    with pytest.raises(ValueError, match="runs the slot engine"):
+        CompiledSimulation(seed_paper, 0)
+    sc = load_scenario("h200-mixed")
+    assert isinstance(make_simulation(sc, 0, world="python"), Simulation)
+    replay = Simulation(sc, 0).requests[:50]
+    assert isinstance(make_simulation(sc, 0, requests=replay), Simulation)  # replayed requests: the Python world
+
+
+def test_a_request_that_can_never_run_is_refused_before_the_episode() -> None:
+    data = load_scenario("h200-mixed").model_dump()
+    data["tenants"][0]["prompt_tokens"] = {"kind": "constant", "value": 200_000}
+    from admit.envs.scenario import parse_scenario
+
+    sc = parse_scenario(data)
+    with pytest.raises(ValueError, match=r"request \d+ \(200000 prompt \+ \d+ output tokens\): prompt \+ output "
+                                         r"exceeds max_model_len 131072"):
+        CompiledSimulation(sc, 0)
