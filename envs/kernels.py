@@ -767,6 +767,20 @@ def set_limit(E, S, k, limit):
 
 
 @inlined
+def _window_push(times, wi, k, tail, t):
+    """Append timestamp ``t`` to tenant ``k``'s event window whose tail is column ``tail`` of ``wi``."""
+    times[wi[k, tail]] = t
+    wi[k, tail] += 1
+
+
+@inlined
+def _window_prune(times, wi, k, head, tail, cutoff):
+    """Drop tenant ``k``'s events at or before ``cutoff`` from the window with columns ``head``, ``tail``."""
+    while wi[k, tail] > wi[k, head] and times[wi[k, head]] <= cutoff:
+        wi[k, head] += 1
+
+
+@inlined
 def _drop(S, ri, r, t):
     wi = S[6]
     wd = S[8]
@@ -775,8 +789,7 @@ def _drop(S, ri, r, t):
     k = ri[r, TEN]
     qtok[k] -= ri[r, PROMPT]
     tot[k, T_DROPPED] += 1
-    wd[wi[k, W_DT]] = t
-    wi[k, W_DT] += 1
+    _window_push(wd, wi, k, W_DT, t)
 
 
 @kernel
@@ -815,8 +828,7 @@ def _arrive(E, S, r, t):
     qtok = S[14]
     k = ri[r, TEN]
     tot[k, T_ARRIVED] += 1
-    wa[wi[k, W_AT]] = t
-    wi[k, W_AT] += 1
+    _window_push(wa, wi, k, W_AT, t)
     # AdmissionCore.offer
     if ai[k, A_INFL] < ai[k, A_LIMIT] and ai[k, A_QT] == ai[k, A_QH]:
         ai[k, A_INFL] += 1
@@ -826,8 +838,7 @@ def _arrive(E, S, r, t):
     elif ai[k, A_QT] - ai[k, A_QH] >= ai[k, A_MAXQ]:
         ai[k, A_REJ] += 1
         tot[k, T_REJECTED] += 1
-        wr[wi[k, W_RT]] = t
-        wi[k, W_RT] += 1
+        _window_push(wr, wi, k, W_RT, t)
     else:
         now = sf[S_NOW]
         rf[r, QDL] = now + af[k]
@@ -1009,12 +1020,9 @@ def _window_summary(S, k, now, out, at):
     w_s = sf[S_WIN]
     cutoff = now - w_s
     _prune_done(wi, wc, ws, wsum, k, cutoff)
-    while wi[k, W_AT] > wi[k, W_AH] and wa[wi[k, W_AH]] <= cutoff:
-        wi[k, W_AH] += 1
-    while wi[k, W_DT] > wi[k, W_DH] and wd[wi[k, W_DH]] <= cutoff:
-        wi[k, W_DH] += 1
-    while wi[k, W_RT] > wi[k, W_RH] and wr[wi[k, W_RH]] <= cutoff:
-        wi[k, W_RH] += 1
+    _window_prune(wa, wi, k, W_AH, W_AT, cutoff)
+    _window_prune(wd, wi, k, W_DH, W_DT, cutoff)
+    _window_prune(wr, wi, k, W_RH, W_RT, cutoff)
     pct = wcache[k]
     if wi[k, W_DIRTY]:
         lo = wi[k, W_CH]
