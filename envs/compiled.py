@@ -137,6 +137,7 @@ class CompiledSimulation:
             ai[k, K.A_QH] = ai[k, K.A_QT] = base[k]
             af[k] = scenario.queue_timeout(k)
             wi[k, :8] = base[k]
+            wi[k, K.W_SHI] = base[k]
             wi[k, K.W_DIRTY] = 1
             wi[k, K.W_CB] = base[k]
             b_ttft, b_tpot, b_e2e = t.request_bounds
@@ -149,13 +150,18 @@ class CompiledSimulation:
         self._S = (ai, af, np.zeros(N, dtype=np.int64), np.zeros(cap, dtype=np.int64), si, sf, wi,
                    np.zeros(N), np.zeros(N), np.zeros(N), np.zeros((N, K.NWC)), wp, np.zeros((n, K.NCACHE)),
                    np.zeros((n, K.NTOT), dtype=np.int64), np.zeros(n),
-                   np.zeros((4, N + 1)), np.zeros((n, 2), dtype=np.int64), np.zeros(K.PW_CAP), np.zeros(K.PW_CAP))
+                   np.zeros((4, N + 1)), np.zeros((n, 2), dtype=np.int64), np.zeros(K.PW_CAP), np.zeros(K.PW_CAP),
+                   np.zeros((4, N + 1), dtype=np.int64), np.zeros(N + 1), np.zeros(N + 1, dtype=np.int64))
         self._arrivals = np.ascontiguousarray(times, dtype=np.float64)
         self._u_service = u_service
         self._out = np.zeros(K.N_GLOBAL + K.N_TENANT * n)
         self._taken = np.zeros((n, K.NTOT), dtype=np.int64)
         self._interval = np.zeros((n, K.NTOT), dtype=np.int64)
         self._limits_buf = np.zeros(n, dtype=np.int64)
+        self._agg = np.zeros(K.NAGG)
+        self._ones = np.ones(n)
+        self._lo, self._hi = lim.min, lim.max
+        self._interval_s, self._horizon_s = float(scenario.interval_s), float(scenario.horizon_s)
 
     @staticmethod
     def _check_sizes(prompt: np.ndarray, output: np.ndarray, max_model_len: int, block_size: int, ngb: int) -> None:
@@ -205,15 +211,33 @@ class CompiledSimulation:
         return limits
 
     def step_observed(self, deltas: Sequence[int]) -> tuple[list[int], np.ndarray, np.ndarray]:
-        """``step(deltas)``, ``observe_values()`` and ``take_interval_totals()`` in one kernel call (the
-        env's step): returns the new limits, the observation values and the interval's counts (a tenants ×
-        7 array in ``IntervalCounts`` field order; valid until the next call)."""
-        limits = self.spec.limits.apply(self.limits, deltas)
-        buf = self._limits_buf
-        buf[:] = limits
-        until = min(self.now + self.scenario.interval_s, self.horizon_s)
-        K.env_step(self._E, self._S, self._arrivals, buf, until, self._out, self._taken, self._interval)
-        return limits, self._out.copy(), self._interval
+        """``step(deltas)``, ``observe_values()`` and ``take_interval_totals()`` in one kernel call: returns the
+        new limits, the observation values and the interval's counts (a tenants × 7 array in ``IntervalCounts``
+        field order; valid until the next call)."""
+        values, _, _ = self.env_step(np.asarray(deltas, dtype=np.int64), 0, self._ones)
+        return self._limits_buf.tolist(), values, self._interval
+
+    def env_step(self, action: np.ndarray, offset: int, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray,
+                                                                                        list[float]]:
+        """The world's part of ``TenantAdmissionEnv.step`` in one kernel call (``kernels.env_step``): the deltas
+        are ``action - offset`` (``action`` an int64 array, taken as given), ``weights`` each tenant's reward
+        weight. Returns the observation values (float64), the observation vector (float32, clipped as
+        ``vector_from_values`` clips it), both fresh arrays, and the sums the reward takes (``kernels.G_*``
+        order, as floats). The new limits are in ``last_limits``, the interval's counts in ``last_counts``."""
+        vec = np.empty(self._out.shape[0], dtype=np.float32)
+        K.env_step(self._E, self._S, self._arrivals, action, offset, self._lo, self._hi, self._interval_s,
+                   self._horizon_s, weights, self._out, vec, self._taken, self._interval, self._limits_buf, self._agg)
+        return self._out.copy(), vec, self._agg.tolist()
+
+    @property
+    def last_limits(self) -> list[int]:
+        """The limits the last ``env_step`` set."""
+        return self._limits_buf.tolist()
+
+    @property
+    def last_counts(self) -> np.ndarray:
+        """The last ``env_step``'s interval counts (tenants × 7, ``IntervalCounts`` order; valid until the next)."""
+        return self._interval
 
     def advance(self, until: float) -> None:
         K.advance(self._E, self._S, self._arrivals, float(until))

@@ -21,6 +21,7 @@ from admit.core.observation import (
     Observation,
     vector_from_values,
 )
+from admit.envs import kernels as K
 from admit.envs.compiled import WORLDS, CompiledSimulation, World, make_simulation
 from admit.envs.scenario import Scenario, load_scenario
 from admit.envs.simulation import decision_count
@@ -298,6 +299,9 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         self._values_time = 0.0
         self._observation: Observation | None = None
         self._p99_index = [len(GLOBAL_FEATURES) + i * len(TENANT_FEATURES) + _E2E_P99 for i in range(self.n)]
+        # each tenant's reward weight (1 unless the scenario's reward weighs tenants), for the compiled step
+        weighted = self.scenario.reward.tenant_weights
+        self._weights = np.array([tc.weight if weighted else 1.0 for tc in self.scenario.tenants])
 
     @property
     def max_episode_steps(self) -> int:
@@ -351,57 +355,84 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
     def step(self, action: Any):
         if self.sim is None:
             raise RuntimeError("call reset() before step()")
+        if type(self.sim) is CompiledSimulation:
+            return self._step_compiled(self.sim, action)
         deltas = self._deltas(action)
         sim = self.sim
         sc = self.scenario
         before = sim.limits
-        values: list[float] | np.ndarray | None = None
-        if isinstance(sim, CompiledSimulation):  # one kernel call: step, observe, interval counts
-            limits, values, counts = sim.step_observed(deltas)
-            rows = counts.tolist()  # IntervalCounts' field order
-            completed = [r[1] for r in rows]
-            goods = [r[5] for r in rows]
-            viol = [r[4] for r in rows]
-            losts = [r[2] + r[3] for r in rows]
-        else:
-            limits = sim.step(deltas)
-            totals = sim.take_interval_totals()
-            completed = [t.completed for t in totals]
-            goods = [t.good for t in totals]
-            viol = [t.slo_violations for t in totals]
-            losts = [t.dropped + t.rejected for t in totals]
-        dt = sc.interval_s
-        w = sc.reward
+        limits = sim.step(deltas)
+        totals = sim.take_interval_totals()
+        completed = [t.completed for t in totals]
+        goods = [t.good for t in totals]
+        viol = [t.slo_violations for t in totals]
+        losts = [t.dropped + t.rejected for t in totals]
         completions, good, violations, lost = sum(completed), sum(goods), sum(viol), sum(losts)
-        counted: tuple[float, float, float, float] = (completions, good, violations, lost)
-        if w.tenant_weights:  # the same counts, each tenant's times its weight
+        counted: tuple[float, ...] = (completions, good, violations, lost)
+        if sc.reward.tenant_weights:  # the same counts, each tenant's times its weight
             counted = tuple(
                 sum(tc.weight * x for tc, x in zip(sc.tenants, xs, strict=True))
                 for xs in (completed, goods, viol, losts)
             )
-        terms = {
+        changed = sum(abs(a - b) for a, b in zip(limits, before, strict=True))
+        terms = self._reward_terms(counted, sum(limits), changed)
+        values = self._observe()
+        info = self._info(terms, limits, sim.now, completions, lost, violations,
+                          float(max(values[j] for j in self._p99_index)))
+        if sim.done:
+            info["episode_metrics"] = sim.summary()
+        return self._vector(values), float(sum(terms.values())), False, sim.done, info
+
+    def _step_compiled(self, sim: CompiledSimulation, action: Any):
+        """``step`` on the compiled world: the kernel sets the limits, runs the interval, observes, counts and
+        sums what the reward needs (``CompiledSimulation.env_step``); the same numbers as the general path."""
+        k = self.k
+        if type(action) is np.ndarray and action.dtype == np.int64 and action.shape == (self.n,):
+            vals = action.tolist()
+            act = action if min(vals) >= 0 and max(vals) <= 2 * k else None
+        else:
+            act = None
+        if act is None:  # anything else is checked and converted (or refused) the general way
+            act, offset = np.array(self._deltas(action), dtype=np.int64), 0
+        else:
+            offset = k
+        values, vec, g = sim.env_step(act, offset, self._weights)
+        terms = self._reward_terms((g[K.G_W_COMPLETED], g[K.G_W_GOOD], g[K.G_W_VIOL], g[K.G_W_LOST]),
+                                   g[K.G_LIMIT_SUM], g[K.G_CHANGE])
+        now = g[K.G_NOW]
+        self._values, self._values_time, self._observation = values, now, None
+        info = self._info(terms, sim.last_limits, now, int(g[K.G_COMPLETED]), int(g[K.G_LOST]), int(g[K.G_VIOL]),
+                          g[K.G_P99])
+        truncated = sim.done
+        if truncated:
+            info["episode_metrics"] = sim.summary()
+        return vec if self._select is None else vec[self._select], float(sum(terms.values())), False, truncated, info
+
+    def _reward_terms(self, counted: tuple[float, ...], limit_sum: float,
+                      changed: float) -> dict[str, float]:
+        """The reward's terms from the interval's (weighted) completions, good completions, violations and lost
+        requests, the limits' sum and the sum of their absolute changes."""
+        sc = self.scenario
+        w = sc.reward
+        dt = sc.interval_s
+        return {
             "throughput": w.throughput * counted[0] / dt,
             "goodput": w.goodput * counted[1] / dt,
             "slo_violation": -w.slo_violation * counted[2] / dt,
             "drop": -w.drop * counted[3] / dt,
-            "cost": -w.cost * sum(limits) / (self.n * sc.limits.max),
-            "change": -w.change * sum(abs(a - b) for a, b in zip(limits, before, strict=True)),
+            "cost": -w.cost * limit_sum / (self.n * sc.limits.max),
+            "change": -w.change * changed,
         }
-        reward = float(sum(terms.values()))
-        if values is None:
-            values = self._observe()
-        else:
-            self._values, self._values_time, self._observation = values, sim.now, None
-        truncated = sim.done
-        info = {
+
+    @staticmethod
+    def _info(terms: dict[str, float], limits: list[int], now: float, completions: int, lost: int, violations: int,
+              p99: float) -> dict[str, Any]:
+        return {
             "reward_terms": terms,
             "limits": limits,
-            "time_s": sim.now,
+            "time_s": now,
             "completions": completions,
             "drops": lost,
             "slo_violations": violations,
-            "p99_s": float(max(values[j] for j in self._p99_index)),
+            "p99_s": p99,
         }
-        if truncated:
-            info["episode_metrics"] = sim.summary()
-        return self._vector(values), reward, False, truncated, info

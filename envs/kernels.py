@@ -29,6 +29,7 @@ import math
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+import numpy as np
 from numba import njit
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -69,9 +70,10 @@ NSF = 2
 # S[17], S[18]: the preemption window's samples (time, counter), a ring of PW_CAP; S[4] holds its head/length
 S_PWHEAD, S_PWLEN = 4, 5
 PW_CAP = 4096
-# ---- wi: per-tenant window heads and tails (absolute positions in the flat arrays), and a dirty flag
-W_AH, W_AT, W_DH, W_DT, W_RH, W_RT, W_CH, W_CT, W_DIRTY, W_CB = range(10)
-NWI = 10
+# ---- wi: per-tenant window heads and tails (absolute positions in the flat arrays), a dirty flag, the
+# tenant's base in the completion arrays and how far (W_SHI) its sorted windows hold its completions
+W_AH, W_AT, W_DH, W_DT, W_RH, W_RT, W_CH, W_CT, W_DIRTY, W_CB, W_SHI = range(11)
+NWI = 11
 # ---- wc: per-completion fields
 C_T, C_E2E, C_TTFT, C_WAIT, C_TPOT, C_OUT, C_GOOD = range(7)
 NWC = 7
@@ -872,7 +874,6 @@ def _finish(E, S, r, t):
         tot[k, T_GOOD] += 1
     if e2e > wp[k, P_V_E2E] or ttft > wp[k, P_V_TTFT]:
         tot[k, T_VIOL] += 1
-    _prune_done(wi, wc, S[15], S[16], k, t - sf[S_WIN])  # what the next summary would drop (time only moves on)
     c = wi[k, W_CT]
     wc[c, C_T] = t
     wc[c, C_E2E] = e2e
@@ -881,12 +882,7 @@ def _finish(E, S, r, t):
     wc[c, C_TPOT] = per_token
     wc[c, C_OUT] = out
     wc[c, C_GOOD] = 1.0 if good else 0.0
-    wi[k, W_CT] = c + 1
-    wi[k, W_DIRTY] = 1
-    _sorted_insert(S[15], wi[k, W_CB], wi[k, W_CT] - 1 - wi[k, W_CH], e2e, ttft, rf[r, DISP] - arrival, per_token)
-    wsum = S[16]
-    wsum[k, 0] += out
-    wsum[k, 1] += 1 if good else 0
+    wi[k, W_CT] = c + 1  # the sorted windows take it in at the next summary (_sync_window)
     # AdmissionCore.release
     if ai[k, A_INFL] <= 0:
         raise RuntimeError("release() with nothing in flight (bug)")
@@ -952,56 +948,120 @@ def _p3(v, lo, n, out, at):
             out[at + j] = v[lo + i] + (v[lo + i + 1] - v[lo + i]) * (pos - i)
 
 
+@inlined
+def _sort_pairs(v, ids, lo, n):
+    """Sort ``v[lo:lo + n]`` in place, ascending, moving ``ids[lo:lo + n]`` along: insertion sort for a few
+    values, heapsort beyond (numba's own sort allocates, and these kernels run without its allocator)."""
+    if n <= 24:
+        for i in range(lo + 1, lo + n):
+            x = v[i]
+            y = ids[i]
+            j = i - 1
+            while j >= lo and v[j] > x:
+                v[j + 1] = v[j]
+                ids[j + 1] = ids[j]
+                j -= 1
+            v[j + 1] = x
+            ids[j + 1] = y
+        return
+    for start in range(n // 2 - 1, -1, -1):
+        _sift_down(v, ids, lo, start, n)
+    for end in range(n - 1, 0, -1):
+        _swap_pair(v, ids, lo, lo + end)
+        _sift_down(v, ids, lo, 0, end)
+
+
+@inlined
+def _swap_pair(v, ids, i, j):
+    x = v[i]
+    v[i] = v[j]
+    v[j] = x
+    y = ids[i]
+    ids[i] = ids[j]
+    ids[j] = y
+
+
+@inlined
+def _sift_down(v, ids, lo, i, n):
+    while True:
+        c = 2 * i + 1
+        if c >= n:
+            return
+        if c + 1 < n and v[lo + c + 1] > v[lo + c]:
+            c += 1
+        if v[lo + c] > v[lo + i]:
+            _swap_pair(v, ids, lo + i, lo + c)
+            i = c
+        else:
+            return
+
+
 @kernel
-def _sorted_insert(ws, base, length, e2e, ttft, wait, tpot):
-    """Insert one completion's four latencies into a tenant's sorted windows (``ws[:, base:base + length]``).
+def _sync_window(wi, wc, ws, wid, sv, sid, wsum, k, cutoff):
+    """Bring tenant ``k``'s completion window up to ``cutoff``: drop the completions at or before it and take
+    the ones finished since the last summary into the sorted windows.
 
-    The windows keep their e2e, TTFT, wait and TPOT values sorted as completions come and go, so that a
-    decision reads percentiles off them instead of sorting (``TenantWindows.summary`` sorts the same
-    values: the same multiset, so the same order statistics)."""
-    for f in range(4):
-        x = (e2e, ttft, wait, tpot)[f]
-        lo = base
-        hi = base + length
-        while lo < hi:  # bisect_right
-            mid = (lo + hi) // 2
-            if x < ws[f, mid]:
-                hi = mid
-            else:
-                lo = mid + 1
-        for j in range(base + length, lo, -1):
-            ws[f, j] = ws[f, j - 1]
-        ws[f, lo] = x
-
-
-@kernel
-def _sorted_remove(ws, wc, base, length, c):
-    """Remove completion ``c``'s four latencies from a tenant's sorted windows (``ws[:, base:base + length]``)."""
-    for f in range(4):
-        x = wc[c, (C_E2E, C_TTFT, C_WAIT, C_TPOT)[f]]
-        lo = base
-        hi = base + length
-        while lo < hi:  # bisect_left
-            mid = (lo + hi) // 2
-            if ws[f, mid] < x:
-                lo = mid + 1
-            else:
-                hi = mid
-        for j in range(lo, base + length - 1):
-            ws[f, j] = ws[f, j + 1]
-
-
-@kernel
-def _prune_done(wi, wc, ws, wsum, k, cutoff):
-    """Drop tenant ``k``'s completions at or before ``cutoff`` from its window."""
-    if wi[k, W_CT] > wi[k, W_CH] and wc[wi[k, W_CH], C_T] <= cutoff:
-        while wi[k, W_CT] > wi[k, W_CH] and wc[wi[k, W_CH], C_T] <= cutoff:
-            c = wi[k, W_CH]
-            _sorted_remove(ws, wc, wi[k, W_CB], wi[k, W_CT] - c, c)
+    The sorted windows hold the completions ``[W_CH, W_SHI)``: ``ws[f, base:base + W_SHI - W_CH]`` their e2e,
+    TTFT, wait and TPOT values in value order, ``wid`` beside them the completion each value is from. A
+    summary reads percentiles off them instead of sorting (``TenantWindows.summary`` sorts the same values:
+    the same multiset, the same order statistics). Once per summary, per field: one pass keeps the values
+    of completions still in the window (their ids are the ones at or past the new head), the newcomers'
+    values are sorted (a decision's worth: a few) and merged in from the back. Returns whether the window
+    changed."""
+    head = wi[k, W_CH]
+    tail = wi[k, W_CT]
+    shi = wi[k, W_SHI]
+    lo = head
+    while lo < tail and wc[lo, C_T] <= cutoff:
+        lo += 1
+    if lo == head and shi == tail:
+        return False
+    base = wi[k, W_CB]
+    if lo >= shi:  # every completion in the sorted windows leaves: the window is the newcomers still in it
+        start = lo
+        n_kept = 0
+        wsum[k, 0] = 0
+        wsum[k, 1] = 0
+    else:
+        start = shi
+        n_kept = shi - lo
+        for c in range(head, lo):
             wsum[k, 0] -= int(wc[c, C_OUT])
             wsum[k, 1] -= int(wc[c, C_GOOD])
-            wi[k, W_CH] = c + 1
-        wi[k, W_DIRTY] = 1
+    n_in = tail - start
+    for c in range(start, tail):
+        wsum[k, 0] += int(wc[c, C_OUT])
+        wsum[k, 1] += int(wc[c, C_GOOD])
+    for f in range(4):
+        col = (C_E2E, C_TTFT, C_WAIT, C_TPOT)[f]
+        v = ws[f]
+        ids = wid[f]
+        if n_kept and lo > head:  # keep the values of completions still in the window, in order
+            w = base
+            for i in range(base, base + shi - head):
+                v[w] = v[i]
+                ids[w] = ids[i]
+                w += 1 if ids[i] >= lo else 0
+        for j in range(n_in):
+            sv[j] = wc[start + j, col]
+            sid[j] = start + j
+        _sort_pairs(sv, sid, 0, n_in)
+        i = base + n_kept - 1  # merge the sorted newcomers in from the back
+        j = n_in - 1
+        w = base + n_kept + n_in - 1
+        while j >= 0:
+            if i >= base and v[i] > sv[j]:
+                v[w] = v[i]
+                ids[w] = ids[i]
+                i -= 1
+            else:
+                v[w] = sv[j]
+                ids[w] = sid[j]
+                j -= 1
+            w -= 1
+    wi[k, W_CH] = lo
+    wi[k, W_SHI] = tail
+    return True
 
 
 @kernel
@@ -1019,7 +1079,8 @@ def _window_summary(S, k, now, out, at):
     wsum = S[16]
     w_s = sf[S_WIN]
     cutoff = now - w_s
-    _prune_done(wi, wc, ws, wsum, k, cutoff)
+    if _sync_window(wi, wc, ws, S[19], S[20], S[21], wsum, k, cutoff):
+        wi[k, W_DIRTY] = 1
     _window_prune(wa, wi, k, W_AH, W_AT, cutoff)
     _window_prune(wd, wi, k, W_DH, W_DT, cutoff)
     _window_prune(wr, wi, k, W_RH, W_RT, cutoff)
@@ -1167,19 +1228,72 @@ def observe_all(E, S, out):
     out[4] = preemptions_in_window(S, S[5][S_NOW], float(E[2][E_NPRE]))
 
 
+# ---- agg: what one env step sums for the reward and the info dict (TenantAdmissionEnv.step)
+(G_COMPLETED, G_GOOD, G_VIOL, G_LOST, G_W_COMPLETED, G_W_GOOD, G_W_VIOL, G_W_LOST, G_LIMIT_SUM, G_CHANGE, G_P99,
+ G_NOW) = range(12)
+NAGG = 12
+OBS_E2E_P99 = 9  # a tenant's e2e p99 in its block of the observation (core/observation.TENANT_FEATURES)
+FEATURE_MAX = 1.0e6  # core/observation.FEATURE_MAX
+
+
 @kernel
-def env_step(E, S, arrivals, limits, until, out, taken, counts):
-    """One decision interval in one call: set each tenant's new limit (where it changed, in tenant order, as
-    ``Simulation.apply_deltas``), run to ``until``, observe into ``out``, and write the interval's counts
-    (the episode totals minus ``taken``, which becomes the totals) into ``counts``."""
+def env_step(E, S, arrivals, action, offset, lo, hi, interval, horizon, weights, out, vec, taken, counts, limits,
+             agg):
+    """One decision interval of ``TenantAdmissionEnv.step`` in one call.
+
+    Each tenant's limit becomes ``clamp(limit + action[k] - offset, lo, hi)`` (``Limits.apply``; set where it
+    changed, in tenant order, as ``Simulation.apply_deltas``); the world runs to ``min(now + interval,
+    horizon)``; the observation values go to ``out`` and, as ``vector_from_values`` makes them (float32,
+    clipped to [0, FEATURE_MAX], NaN kept), to ``vec``; the interval's counts (the episode totals minus
+    ``taken``, which becomes the totals) to ``counts``; the new limits to ``limits``; and ``agg`` gets the sums
+    the env's reward and info take (the ``G_`` names): the counts over tenants, plain and times ``weights``
+    (summed in tenant order from 0, as Python's ``sum``), the limits' sum, the sum of their absolute changes,
+    the largest tenant e2e p99 (the first of equals, as ``max``) and the time reached."""
     ai = S[0]
     tot = S[13]
-    for k in range(ai.shape[0]):
-        if limits[k] != ai[k, A_LIMIT]:
-            set_limit(E, S, k, limits[k])
+    nt = ai.shape[0]
+    lsum = 0
+    change = 0
+    for k in range(nt):
+        cur = ai[k, A_LIMIT]
+        new = cur + action[k] - offset
+        new = lo if new < lo else hi if new > hi else new
+        lsum += new
+        change += abs(new - cur)
+        limits[k] = new
+        if new != cur:
+            set_limit(E, S, k, new)
+    until = min(S[5][S_NOW] + interval, horizon)
     advance(E, S, arrivals, until)
     observe_all(E, S, out)
-    for k in range(tot.shape[0]):
+    for j in range(out.shape[0]):
+        x = np.float32(out[j])
+        if not (x >= 0.0 or math.isnan(x)):  # np.maximum(x, 0), then np.minimum(x, FEATURE_MAX)
+            x = np.float32(0.0)
+        if not (x <= FEATURE_MAX or math.isnan(x)):
+            x = np.float32(FEATURE_MAX)
+        vec[j] = x
+    for j in range(NAGG):
+        agg[j] = 0.0
+    p99 = out[N_GLOBAL + OBS_E2E_P99]
+    for k in range(nt):
         for j in range(NTOT):
             counts[k, j] = tot[k, j] - taken[k, j]
             taken[k, j] = tot[k, j]
+        w = weights[k]
+        lost = counts[k, T_DROPPED] + counts[k, T_REJECTED]
+        agg[G_COMPLETED] += counts[k, T_COMPLETED]
+        agg[G_GOOD] += counts[k, T_GOOD]
+        agg[G_VIOL] += counts[k, T_VIOL]
+        agg[G_LOST] += lost
+        agg[G_W_COMPLETED] += w * counts[k, T_COMPLETED]
+        agg[G_W_GOOD] += w * counts[k, T_GOOD]
+        agg[G_W_VIOL] += w * counts[k, T_VIOL]
+        agg[G_W_LOST] += w * lost
+        v = out[N_GLOBAL + k * N_TENANT + OBS_E2E_P99]
+        if v > p99:
+            p99 = v
+    agg[G_LIMIT_SUM] = lsum
+    agg[G_CHANGE] = change
+    agg[G_P99] = p99
+    agg[G_NOW] = S[5][S_NOW]
