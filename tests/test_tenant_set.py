@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 from admit.agents import set_codec
-from admit.agents.set_policy import TenantSetPolicy
+from admit.agents.set_policy import SlotCategorical, TenantSetPolicy
 from admit.controllers.registry import make_controller
 from admit.core.observation import Observation
 from admit.core.spec import Limits
@@ -20,6 +20,7 @@ from admit.train.config import TrainConfigError, load_config
 from admit.train.worlds import SetEnv, Worlds, offered_rps
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3 import PPO
+from stable_baselines3.common.distributions import MultiCategoricalDistribution
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from typer.testing import CliRunner
 
@@ -58,6 +59,31 @@ def test_choices_are_multiplicative_move_at_least_one_and_respect_max_step() -> 
         set_codec.to_deltas([7], [4], lim)
 
 
+def _one_delta(choice: int, limit: float, k: int) -> int:
+    """The codec's rule for one tenant, written out (module docstring of agents/set_codec.py)."""
+    f = set_codec.FACTORS[choice]
+    cur = round(limit)
+    d = round(cur * f) - cur
+    d = max(d, 1) if f > 1.0 else min(d, -1) if f < 1.0 else d
+    return max(-k, min(k, d))
+
+
+def test_delta_array_follows_the_rule_tenant_by_tenant() -> None:
+    """Every choice on limits 1..600 and half-integral ones (where Python's round and numpy's rint must agree:
+    half to even), for small and large max_step."""
+    rng = np.random.default_rng(3)
+    for k in (1, 4, 64):
+        lim = Limits(min=1, max=1024, initial=4, max_step=k)
+        for _ in range(200):
+            n = int(rng.integers(1, 9))
+            current = rng.integers(1, 600, n).astype(float)
+            current[rng.random(n) < 0.3] += 0.5
+            choices = rng.integers(0, len(set_codec.FACTORS), set_codec.MAX_TENANTS)
+            got = set_codec.delta_array(choices, current, lim)
+            assert got.dtype == np.int64
+            assert got.tolist() == [_one_delta(int(c), x, k) for c, x in zip(choices[:n], current, strict=True)]
+
+
 def _policy(env: SetEnv, hidden: int = 16) -> TenantSetPolicy:
     torch.manual_seed(0)
     model = PPO(TenantSetPolicy, env, n_steps=32, batch_size=32, device="cpu", policy_kwargs={"hidden": hidden})
@@ -83,7 +109,7 @@ def test_policy_is_permutation_equivariant_and_ignores_padding() -> None:
     def logits(x: np.ndarray) -> torch.Tensor:
         with torch.no_grad():
             dist = policy.get_distribution(torch.as_tensor(x))
-        return torch.stack([d.logits for d in dist.distribution], dim=1)[0]  # (m, choices), normalised
+        return dist.logp[0]  # (m, choices), normalised
 
     a, b = logits(vec), logits(perm)
     assert not torch.allclose(a[0], a[1], atol=1e-4)  # tenants are told apart by their features
@@ -181,3 +207,26 @@ def test_unknown_family_is_refused_before_any_work(tmp_path: Path) -> None:
                                       "--out", str(out)])
     assert result.exit_code == 2 and "unknown family 'no-such'" in result.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("batch", [1, 16, 512])
+def test_slot_categorical_computes_what_sb3s_multicategorical_does(batch: int) -> None:
+    """The same samples from the same seed, the same log-probabilities, entropies, modes and gradients,
+    value for value: the distribution changes how the numbers are computed, not which."""
+    m, a = set_codec.MAX_TENANTS, len(set_codec.FACTORS)
+    gen = torch.Generator().manual_seed(batch)
+    logits = (3.0 * torch.randn(batch, m * a, generator=gen)).requires_grad_(True)
+    ours, sb3 = SlotCategorical(m, a), MultiCategoricalDistribution([a] * m)
+    drawn = []
+    for dist in (ours, sb3):
+        torch.manual_seed(7)
+        dist.proba_distribution(logits)
+        drawn.append(dist.sample())
+    assert torch.equal(drawn[0], drawn[1]) and drawn[0].shape == (batch, m)
+    assert len(set(drawn[0].flatten().tolist())) > 1
+    acts = drawn[0]
+    assert torch.equal(ours.log_prob(acts), sb3.log_prob(acts))
+    assert torch.equal(ours.entropy(), sb3.entropy())
+    assert torch.equal(ours.mode(), sb3.mode())
+    grads = [torch.autograd.grad((d.log_prob(acts) * 1.7 - 0.01 * d.entropy()).sum(), logits)[0] for d in (ours, sb3)]
+    assert torch.equal(grads[0], grads[1]) and grads[0].abs().sum() > 0

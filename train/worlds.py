@@ -109,7 +109,7 @@ class SetEnv(gym.Env):
 
     def _vec(self, flat: np.ndarray) -> np.ndarray:
         assert self.inner is not None
-        return set_codec.set_vector(flat, self.inner.n, self.inner.scenario.control_spec().limits, self.max_tenants)
+        return set_codec.set_vector(flat, self.inner.n, self.limits, self.max_tenants)
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -127,8 +127,8 @@ class SetEnv(gym.Env):
         inner = self.inner
         if inner is None or inner.sim is None:
             raise RuntimeError("call reset() before step()")
-        deltas = set_codec.to_deltas(np.asarray(action).reshape(-1), inner.sim.limits, self.limits)
-        action = np.asarray(deltas, dtype=np.int64) + self.limits.max_step
+        action = set_codec.delta_array(np.asarray(action).reshape(-1), inner.sim.limits, self.limits)
+        action += self.limits.max_step
         flat, reward, terminated, truncated, info = inner.step(action)
         if self.scale != 1.0:
             reward *= self.scale
