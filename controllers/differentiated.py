@@ -30,6 +30,12 @@ class DifferentiatedController:
     def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
         pass  # stateless
 
+    def decision_rule(self) -> tuple[str, tuple[float, ...]] | None:
+        """core.controller.decision_rule (unless ``act`` is overridden)."""
+        if type(self).act is not DifferentiatedController.act:
+            return None
+        return "differentiated", (self.p99_threshold_s, self.backlog_high)
+
     def act(self, obs: Observation) -> list[int]:
         out = []
         for t in obs.tenants:

@@ -40,6 +40,12 @@ class NaiveController:
     def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
         pass  # stateless; the study moves by exactly one step whatever max_step is
 
+    def decision_rule(self) -> tuple[str, tuple[float, ...]] | None:
+        """core.controller.decision_rule (unless ``act`` is overridden)."""
+        if type(self).act is not NaiveController.act:
+            return None
+        return "naive", (self.p99_threshold_s, self.memory_high, self.memory_low)
+
     @staticmethod
     def slot_occupancy(obs: Observation) -> float:
         granted = sum(t.limit for t in obs.tenants)

@@ -30,6 +30,12 @@ class StaticController:
             raise ValueError(f"static caps: expected {spec.n_tenants} values (one per tenant), got {len(caps)}")
         self._targets = [spec.limits.clamp(int(c)) for c in caps]
 
+    def decision_rule(self) -> tuple[str, tuple[float, ...]] | None:
+        """core.controller.decision_rule: static caps at the targets set by ``reset`` (unless ``act`` is overridden)."""
+        if type(self).act is not StaticController.act:
+            return None
+        return "static", tuple(float(t) for t in self._targets) if self._targets is not None else ()
+
     def act(self, obs: Observation) -> list[int]:
         if self._targets is None:
             return [0] * obs.n_tenants

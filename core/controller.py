@@ -29,6 +29,22 @@ class Controller(Protocol):
     def act(self, obs: Observation) -> Sequence[int]: ...
 
 
+RULES = ("static", "naive", "differentiated")
+
+
+def decision_rule(controller: object) -> tuple[str, tuple[float, ...]] | None:
+    """The built-in rule the controller decides by, as ``(name, parameters)`` (its optional ``decision_rule()``),
+    else None. A world may then run the rule's decisions itself (envs/compiled.py runs a whole episode of one in
+    a compiled loop); the rule must give exactly the controller's decisions. ``name`` is one of ``RULES``:
+    ``static`` with the per-tenant target caps (none: hold), ``naive`` with (p99 threshold s, memory high,
+    memory low), ``differentiated`` with (p99 threshold s, backlog high)."""
+    fn = getattr(controller, "decision_rule", None)
+    rule = fn() if fn is not None else None
+    if rule is not None and rule[0] not in RULES:
+        raise ValueError(f"decision_rule {rule[0]!r} is unknown; allowed: {', '.join(RULES)}")
+    return rule
+
+
 def policy_failure(controller: object) -> str | None:
     """The reason the controller's last act() could not decide (its optional ``last_failure``), else None.
 

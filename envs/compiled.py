@@ -1,12 +1,14 @@
-"""``CompiledSimulation``: the token-engine world with its event loop compiled (envs/kernels.py).
+"""``CompiledSimulation``: the simulated world with its event loop compiled (envs/kernels.py).
 
-It is ``Simulation`` (envs/simulation.py) for a token-engine scenario on the scenario's own draws, with the
+It is ``Simulation`` (envs/simulation.py) for a scenario on its own draws (token or slot engine), with the
 same public surface — ``limits``, ``apply_deltas``, ``set_limits``, ``step``, ``advance``, ``observe``,
 ``observe_values``, ``take_interval_totals``, ``run``, ``summary``, ``tenant_summary``, ``totals``,
 ``requests``, ``now``, ``done`` — and the same numbers: the kernels transcribe the Python world's code, and
 tests/test_compiled_world.py runs both side by side and compares every observation, count and latency.
 ``make_simulation`` picks it wherever it applies; the Python world stays the reference, and is what runs
-slot-engine scenarios, replayed requests (sim2live) and anything that reaches into the engine object.
+replayed requests (sim2live) and anything that reaches into the engine object. A controller that decides
+by a built-in rule (``core.controller.decision_rule``: static caps, the study's naive and differentiated
+rules) runs a whole episode in one kernel call (``run``), with the same decisions.
 
 The first use in a fresh checkout compiles the kernels (about half a minute on two cores); numba caches
 the machine code next to the source, so later processes load it in well under a second.
@@ -19,7 +21,7 @@ from array import array
 from collections.abc import Sequence
 
 import numpy as np
-from admit.core.controller import Controller
+from admit.core.controller import Controller, decision_rule
 from admit.core.observation import NO_SLO, Observation
 from admit.engine.presets import get_preset
 from admit.engine.request import Request
@@ -56,16 +58,8 @@ def _dense_table(model: StepTimeModel, max_tokens: int) -> np.ndarray:
     return _DENSE_TABLES[key]
 
 
-def compiled_applies(scenario: Scenario) -> bool:
-    """Whether ``CompiledSimulation`` can run ``scenario`` (a token-engine scenario)."""
-    return not isinstance(scenario.engine, SlotEngineConfig)
-
-
 class CompiledSimulation:
     def __init__(self, scenario: Scenario, seed: int) -> None:
-        if not compiled_applies(scenario):
-            raise ValueError(f"scenario {scenario.name!r} runs the slot engine; the compiled world runs the token "
-                             "engine (use Simulation, or make_simulation, which picks)")
         self.scenario = scenario
         self.spec = scenario.control_spec()
         self.seed = int(seed)
@@ -75,52 +69,61 @@ class CompiledSimulation:
         times, tenant, prompt, output, u_service = draw_request_columns(scenario, self.seed)
         N = len(times)
 
-        # ---- the engine: TokenEngine's settings and checks
-        cfg = scenario.engine
-        p = get_preset(getattr(cfg, "preset", "h200-llama3-8b"))
-        mnbt = int(getattr(cfg, "max_num_batched_tokens", None) or p.max_num_batched_tokens)
-        mns = int(getattr(cfg, "max_num_seqs", None) or p.max_num_seqs)
-        ngb = int(p.num_gpu_blocks)
-        for name, v in (("max_num_batched_tokens", mnbt), ("max_num_seqs", mns), ("num_gpu_blocks", ngb)):
-            if v < 1:
-                raise ValueError(f"{name} must be >= 1, got {v}")
-        if mnbt < mns:
-            raise ValueError(f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns}), as vLLM requires")
-        self._check_sizes(prompt, output, p.max_model_len, p.block_size, ngb)
-        self._preset = p
-
         ri = np.zeros((N, K.NRI), dtype=np.int64)
         ri[:, K.TEN] = tenant
         ri[:, K.PROMPT] = prompt
         ri[:, K.OUT] = output
         rf = np.full((N, K.NRF), math.nan)
         rf[:, K.ARR] = times
+        rf[:, K.USVC] = u_service
         ei = np.zeros(K.NEI, dtype=np.int64)
-        ei[K.E_BS] = p.block_size
-        ei[K.E_MNBT] = mnbt
-        ei[K.E_MNS] = mns
-        ei[K.E_NGB] = ngb
         ring = 1 << max(N + 1, 2).bit_length()
         ei[K.E_WMASK] = ring - 1
         ef = np.zeros(K.NEF)
         ef[K.F_END] = math.inf
-        sm = p.step
-        ef[K.F_OVER], ef[K.F_FLOOR], ef[K.F_PT], ef[K.F_KNEE] = (sm.overhead_s, sm.dense_floor_s,
-                                                                 sm.dense_s_per_token, sm.dense_knee)
-        ef[K.F_PERSEQ], ef[K.F_KV], ef[K.F_PAIR] = sm.per_seq_s, sm.kv_read_s_per_token, sm.prefill_attn_s_per_pair
-        ef[K.F_FLOOR_Q], ef[K.F_INV_Q] = sm.dense_floor_s**sm.dense_knee, 1.0 / sm.dense_knee  # as StepTimeModel.dense
         cap = N + 1
+        cfg = scenario.engine
+        if isinstance(cfg, SlotEngineConfig):  # SlotEngine's settings
+            ei[K.E_KIND], ei[K.E_SLOTS] = K.KIND_SLOT, cfg.slots
+            ei[K.E_DET] = cfg.distribution == "deterministic"
+            ef[K.F_MEAN] = cfg.mean_service_s
+            ei[K.E_BS] = ei[K.E_NGB] = 1
+            running, block_size, dense = cfg.slots + 1, 1, np.zeros(1)
+        else:  # TokenEngine's settings and checks
+            p = get_preset(cfg.preset)
+            mnbt = int(cfg.max_num_batched_tokens or p.max_num_batched_tokens)
+            mns = int(cfg.max_num_seqs or p.max_num_seqs)
+            ngb = int(p.num_gpu_blocks)
+            for name, v in (("max_num_batched_tokens", mnbt), ("max_num_seqs", mns), ("num_gpu_blocks", ngb)):
+                if v < 1:
+                    raise ValueError(f"{name} must be >= 1, got {v}")
+            if mnbt < mns:
+                raise ValueError(f"max_num_batched_tokens ({mnbt}) must be >= max_num_seqs ({mns}), as vLLM requires")
+            self._check_sizes(prompt, output, p.max_model_len, p.block_size, ngb)
+            ei[K.E_BS] = p.block_size
+            ei[K.E_MNBT] = mnbt
+            ei[K.E_MNS] = mns
+            ei[K.E_NGB] = ngb
+            sm = p.step
+            ef[K.F_OVER], ef[K.F_FLOOR], ef[K.F_PT], ef[K.F_KNEE] = (sm.overhead_s, sm.dense_floor_s,
+                                                                     sm.dense_s_per_token, sm.dense_knee)
+            ef[K.F_PERSEQ], ef[K.F_KV], ef[K.F_PAIR] = (sm.per_seq_s, sm.kv_read_s_per_token,
+                                                        sm.prefill_attn_s_per_pair)
+            # as StepTimeModel.dense: floor ** knee and 1 / knee, computed once
+            ef[K.F_FLOOR_Q], ef[K.F_INV_Q] = sm.dense_floor_s**sm.dense_knee, 1.0 / sm.dense_knee
+            running, block_size = min(N, mns) + 1, p.block_size
+            dense = _dense_table(sm, mnbt)  # dense-layer time by token count, filled as steps need it
         self._E = (ri, rf, ei, ef,
-                   np.zeros(min(N, mns) + 1, dtype=np.int64),  # run
+                   np.zeros(running, dtype=np.int64),  # run
                    np.zeros(cap, dtype=np.int64),  # part
                    np.zeros(ring, dtype=np.int64),  # wait
                    np.zeros((N + 16, 3), dtype=np.int64),  # heap
-                   np.zeros(p.block_size, dtype=np.int64),  # cnt
+                   np.zeros(block_size, dtype=np.int64),  # cnt
                    np.zeros((cap, 3), dtype=np.int64),  # chunks
                    np.zeros((cap, 3), dtype=np.int64),  # plan
                    np.zeros(cap, dtype=np.int64),  # fin
                    np.zeros(cap, dtype=np.int64),  # scratch
-                   _dense_table(sm, mnbt))  # dense-layer time by token count, filled as steps need it
+                   dense)
 
         # ---- admission queues and telemetry windows: one region per tenant in each flat array
         counts = np.bincount(tenant, minlength=n) if N else np.zeros(n, dtype=np.int64)
@@ -259,8 +262,19 @@ class CompiledSimulation:
 
     def run(self, controller: Controller, until: float | None = None, on_decision: OnDecision | None = None,
             name: str | None = None) -> RunStats:
-        """``Simulation.run``: the one decision loop."""
-        return run_decisions(self, controller, until, on_decision, name)
+        """``Simulation.run``: the one decision loop. A static, naive or differentiated controller (whose ``act``
+        is that class's own) runs the whole loop in one kernel call (``kernels.run_rule``: the same decisions
+        from the same values) unless ``on_decision`` wants to see every decision."""
+        rule = _rule_of(controller, self.n_tenants) if on_decision is None else None
+        if rule is None:
+            return run_decisions(self, controller, until, on_decision, name)
+        code, params, targets = rule
+        lim = self.spec.limits
+        end = float(self.horizon_s if until is None else until)
+        decisions, limit_sum = K.run_rule(self._E, self._S, self._arrivals, code, params, targets, lim.max_step,
+                                          lim.min, lim.max, self._interval_s, end, self._out,
+                                          np.zeros(self.n_tenants, dtype=np.int64))
+        return RunStats(int(decisions), float(limit_sum), self.n_tenants)
 
     # ------------------------------------------------------------------ results
     @property
@@ -304,6 +318,24 @@ class CompiledSimulation:
                                                                                 strict=True)}
 
 
+_RULE_CODES = {"static": K.RULE_STATIC, "naive": K.RULE_NAIVE, "differentiated": K.RULE_DIFFERENTIATED}
+
+
+def _rule_of(controller: Controller, n: int) -> tuple[int, np.ndarray, np.ndarray] | None:
+    """The kernel rule that decides as ``controller`` does — (code, parameters, static targets) — or None
+    (``core.controller.decision_rule``)."""
+    rule = decision_rule(controller)
+    if rule is None:
+        return None
+    name, params = rule
+    if name == "static":
+        targets = np.array(params if params else [-1.0] * n, dtype=np.float64)
+        if len(targets) != n:
+            raise ValueError(f"static rule: {len(targets)} targets for {n} tenants")
+        return K.RULE_STATIC, np.zeros(1), targets
+    return _RULE_CODES[name], np.array(params, dtype=np.float64), np.zeros(1)
+
+
 World = Simulation | CompiledSimulation
 WORLDS = ("compiled", "python")
 
@@ -314,7 +346,7 @@ def make_simulation(scenario: Scenario, seed: int, *, requests: Sequence[Request
     draws) unless ``world="python"``, else ``Simulation``. Both give the same numbers."""
     if world not in WORLDS:
         raise ValueError(f"world {world!r} is unknown; allowed: {', '.join(WORLDS)}")
-    if world == "compiled" and requests is None and compiled_applies(scenario):
+    if world == "compiled" and requests is None:
         return CompiledSimulation(scenario, seed)
     return Simulation(scenario, seed, requests=requests)
 

@@ -50,15 +50,19 @@ def inlined(fn: F) -> F:
 TEN, PROMPT, OUT, COMP, GEN, PRE, ORDER, SC, SBLK, SLOCK, RUN, WDEC = range(12)
 NRI = 12
 # ---- rf: per-request floats
-ARR, DISP, FSCHED, FTOK, FIN, QDL, QENQ = range(7)
-NRF = 7
+ARR, DISP, FSCHED, FTOK, FIN, QDL, QENQ, SFIN, USVC = range(9)
+NRF = 9  # SFIN, USVC: the slot engine's planned finish and the request's service draw
 # ---- ei: engine integer scalars
 (E_BS, E_MNBT, E_MNS, E_NGB, E_G, E_N, E_A, E_SUMQ, E_ORDER, E_BUSY, E_K, E_EXPL, E_NRUN, E_NPART, E_WHEAD,
- E_WLEN, E_HLEN, E_NCH, E_STEPTOK, E_NPRE, E_GENTOT, E_PROMPTTOT, E_PREFILL, E_NSTEPS, E_NFIN, E_WMASK) = range(26)
-NEI = 26
+ E_WLEN, E_HLEN, E_NCH, E_STEPTOK, E_NPRE, E_GENTOT, E_PROMPTTOT, E_PREFILL, E_NSTEPS, E_NFIN, E_WMASK,
+ E_KIND, E_SLOTS, E_DET) = range(29)
+NEI = 29  # E_KIND: KIND_TOKEN or KIND_SLOT; E_SLOTS, E_DET: the slot engine's pool and deterministic flag
+KIND_TOKEN, KIND_SLOT = 0, 1
 # ---- ef: engine float scalars (the step in flight, then the step-time coefficients)
-F_T0, F_END, F_BASE, F_SLOPE, F_OVER, F_FLOOR, F_PT, F_KNEE, F_PERSEQ, F_KV, F_PAIR, F_FLOOR_Q, F_INV_Q = range(13)
-NEF = 13  # F_FLOOR_Q = floor ** knee and F_INV_Q = 1 / knee, computed once (the same numbers every step)
+(F_T0, F_END, F_BASE, F_SLOPE, F_OVER, F_FLOOR, F_PT, F_KNEE, F_PERSEQ, F_KV, F_PAIR, F_FLOOR_Q, F_INV_Q,
+ F_MEAN) = range(14)
+NEF = 14  # F_FLOOR_Q = floor ** knee and F_INV_Q = 1 / knee, computed once (the same numbers every step);
+# F_MEAN: the slot engine's mean service time
 # ---- ai: per-tenant admission state
 A_LIMIT, A_MAXQ, A_INFL, A_QH, A_QT, A_ADM, A_REJ, A_DROP = range(8)
 NAI = 8
@@ -697,6 +701,117 @@ def sync(E, now):
         advance_to(E, now)
 
 
+# ====================================================================================== slot engine
+# SlotEngine (engine/slot_engine.py): a pool of E_SLOTS identical slots. Busy slots are a heap of requests
+# (in ``heap[:, 0]``) ordered by (planned finish, request index), heapq's order on (finish time, rid); the
+# requests waiting for a slot are the engine's waiting ring. ``ef[F_END]`` is the next finish (or inf), so the
+# event loop reads both engines alike.
+
+
+@inlined
+def _slot_less(rf, heap, i, j):
+    a = heap[i, 0]
+    b = heap[j, 0]
+    if rf[a, SFIN] != rf[b, SFIN]:
+        return rf[a, SFIN] < rf[b, SFIN]
+    return a < b
+
+
+@inlined
+def _slot_swap(heap, i, j):
+    tmp = heap[i, 0]
+    heap[i, 0] = heap[j, 0]
+    heap[j, 0] = tmp
+
+
+@inlined
+def _slot_next(E):
+    E[3][F_END] = E[1][E[7][0, 0], SFIN] if E[2][E_HLEN] > 0 else math.inf
+
+
+@inlined
+def _slot_start(E, r, now):
+    """``SlotEngine._start``: the request takes a slot; its first token is now, its finish ``now + service``."""
+    rf = E[1]
+    ei = E[2]
+    ef = E[3]
+    heap = E[7]
+    rf[r, FTOK] = now
+    service = ef[F_MEAN] if ei[E_DET] else -ef[F_MEAN] * math.log(1.0 - rf[r, USVC])  # inverse transform
+    rf[r, SFIN] = now + service
+    n = ei[E_HLEN]
+    heap[n, 0] = r
+    ei[E_HLEN] = n + 1
+    i = n
+    while i > 0:
+        p = (i - 1) // 2
+        if _slot_less(rf, heap, i, p):
+            _slot_swap(heap, i, p)
+            i = p
+        else:
+            break
+    _slot_next(E)
+
+
+@inlined
+def slot_submit(E, r, now):
+    E[1][r, DISP] = now
+    if E[2][E_HLEN] < E[2][E_SLOTS]:
+        _slot_start(E, r, now)
+    else:
+        _wait_append(E, r)
+
+
+@inlined
+def slot_process_event(E, now):
+    """``SlotEngine.process_event``: the request with the earliest finish leaves its slot (``fin[0]``) and
+    the longest-waiting request, if any, takes it."""
+    ri = E[0]
+    rf = E[1]
+    ei = E[2]
+    heap = E[7]
+    r = heap[0, 0]
+    n = ei[E_HLEN] - 1
+    ei[E_HLEN] = n
+    if n > 0:
+        heap[0, 0] = heap[n, 0]
+        i = 0
+        while True:
+            c = 2 * i + 1
+            if c >= n:
+                break
+            if c + 1 < n and _slot_less(rf, heap, c + 1, c):
+                c += 1
+            if _slot_less(rf, heap, c, i):
+                _slot_swap(heap, c, i)
+                i = c
+            else:
+                break
+    rf[r, FIN] = now
+    ri[r, GEN] = ri[r, OUT]
+    E[11][0] = r
+    if ei[E_WLEN] > 0:
+        _slot_start(E, _wait_popleft(E), now)
+    else:
+        _slot_next(E)
+    return 1
+
+
+@inlined
+def engine_submit(E, r, now):
+    if E[2][E_KIND] == KIND_SLOT:
+        slot_submit(E, r, now)
+    else:
+        submit(E, r, now)
+
+
+@inlined
+def engine_event(E, now):
+    if E[2][E_KIND] == KIND_SLOT:
+        return slot_process_event(E, now)
+    return process_event(E, now)
+
+
 # ====================================================================================== admission core
 
 
@@ -748,7 +863,7 @@ def _dispatch(E, S, r):
     now = S[5][S_NOW]
     S[14][ri[r, TEN]] -= ri[r, PROMPT]
     rf[r, DISP] = now
-    submit(E, r, now)
+    engine_submit(E, r, now)
 
 
 @kernel
@@ -836,7 +951,7 @@ def _arrive(E, S, r, t):
         ai[k, A_INFL] += 1
         ai[k, A_ADM] += 1
         rf[r, DISP] = t
-        submit(E, r, t)
+        engine_submit(E, r, t)
     elif ai[k, A_QT] - ai[k, A_QH] >= ai[k, A_MAXQ]:
         ai[k, A_REJ] += 1
         tot[k, T_REJECTED] += 1
@@ -918,7 +1033,7 @@ def advance(E, S, arrivals, until):
             t = sf[S_NOW]
         sf[S_NOW] = t
         if te <= ta and te <= td:
-            nfin = process_event(E, t)
+            nfin = engine_event(E, t)
             for j in range(nfin):
                 _finish(E, S, fin[j], t)
         elif td <= ta:
@@ -1153,7 +1268,9 @@ def observe(E, S, out):
     ai = S[0]
     now = S[5][S_NOW]
     qtok = S[14]
-    sync(E, now)
+    slot = ei[E_KIND] == KIND_SLOT
+    if not slot:
+        sync(E, now)
     nt = ai.shape[0]
     # TokenEngine.tenant_tokens: prefill and held per tenant, written straight into the tenant blocks
     base = N_GLOBAL
@@ -1161,7 +1278,7 @@ def observe(E, S, out):
         out[base + k * N_TENANT + 25] = 0.0
         out[base + k * N_TENANT + 26] = 0.0
     g = ei[E_G]
-    for j in range(ei[E_NRUN]):
+    for j in range(0 if slot else ei[E_NRUN]):
         r = run[j]
         at = base + ri[r, TEN] * N_TENANT
         if ri[r, SLOCK] == 1:
@@ -1170,14 +1287,20 @@ def observe(E, S, out):
             out[at + 26] += ri[r, PROMPT] + ri[r, GEN]
         if math.isnan(rf[r, FTOK]):
             out[at + 25] += ri[r, PROMPT]
+    for j in range(ei[E_HLEN] if slot else 0):  # SlotEngine.tenant_tokens: a request in service holds its prompt
+        out[base + ri[E[7][j, 0], TEN] * N_TENANT + 26] += ri[E[7][j, 0], PROMPT]
     for j in range(ei[E_WLEN]):
         r = wait[(ei[E_WHEAD] + j) & ei[E_WMASK]]
         at = base + ri[r, TEN] * N_TENANT
         out[at + 26] += ri[r, PROMPT] + ri[r, GEN]
         if math.isnan(rf[r, FTOK]):
             out[at + 25] += ri[r, PROMPT]
-    out[0] = kv_blocks_used(E) / ei[E_NGB]
-    out[1] = float(ei[E_NRUN])
+    if slot:
+        out[0] = ei[E_HLEN] / ei[E_SLOTS]
+        out[1] = float(ei[E_HLEN])
+    else:
+        out[0] = kv_blocks_used(E) / ei[E_NGB]
+        out[1] = float(ei[E_NRUN])
     out[2] = float(ei[E_WLEN])
     s = 0.0
     for k in range(nt):
@@ -1297,3 +1420,82 @@ def env_step(E, S, arrivals, action, offset, lo, hi, interval, horizon, weights,
     agg[G_CHANGE] = change
     agg[G_P99] = p99
     agg[G_NOW] = S[5][S_NOW]
+
+
+# ====================================================================================== rule policies
+# The published study's rules and static caps as kernels (controllers/naive.py, differentiated.py, static.py):
+# the same decisions from the same observation values, so that a whole episode of one of them runs in one call.
+RULE_STATIC, RULE_NAIVE, RULE_DIFFERENTIATED = 0, 1, 2
+END_EPS_S = 1e-9  # envs/simulation.END_EPS_S
+
+
+@inlined
+def _rule_deltas(rule, params, targets, k, out, deltas):
+    """One decision of ``rule`` on the observation values ``out`` into ``deltas``.
+
+    static: ``targets`` (one cap per tenant, or none: ``targets[0] < 0``) approached by at most ``k`` per
+    decision; naive: ``params`` = (p99 threshold, memory high, memory low); differentiated: ``params`` =
+    (p99 threshold, backlog high)."""
+    nt = deltas.shape[0]
+    if rule == RULE_STATIC:
+        for i in range(nt):
+            d = 0
+            if targets[0] >= 0:
+                d = int(targets[i] - out[N_GLOBAL + i * N_TENANT + 2])
+                d = -k if d < -k else k if d > k else d
+            deltas[i] = d
+    elif rule == RULE_NAIVE:
+        p99 = out[N_GLOBAL + OBS_E2E_P99]
+        granted = 0.0
+        busy = 0.0
+        for i in range(nt):
+            at = N_GLOBAL + i * N_TENANT
+            if out[at + OBS_E2E_P99] > p99:
+                p99 = out[at + OBS_E2E_P99]
+            granted += out[at + 2]
+            busy += out[at + 1]
+        memory = busy / granted if granted > 0 else 1.0
+        d = 0
+        if p99 > params[0] or memory >= params[1]:
+            d = -1
+        elif memory < params[2]:
+            d = 1
+        for i in range(nt):
+            deltas[i] = d
+    else:
+        for i in range(nt):
+            at = N_GLOBAL + i * N_TENANT
+            lim = out[at + 2]
+            backlog = out[at] / (lim if lim > 1.0 else 1.0)
+            if backlog > params[1]:
+                deltas[i] = 1
+            elif out[at + OBS_E2E_P99] > params[0] or backlog == 0:
+                deltas[i] = -1
+            else:
+                deltas[i] = 0
+
+
+@kernel
+def run_rule(E, S, arrivals, rule, params, targets, k, lo, hi, interval, end, out, deltas):
+    """``run_decisions`` with ``rule`` as the controller (``Simulation.run``'s loop): until ``end``, observe,
+    decide, set the limits (clamped to [lo, hi]) and run one interval on. Returns (decisions, Σ limits)."""
+    ai = S[0]
+    sf = S[5]
+    nt = ai.shape[0]
+    decisions = 0
+    limit_sum = 0.0
+    while sf[S_NOW] < end - END_EPS_S:
+        observe_all(E, S, out)
+        _rule_deltas(rule, params, targets, k, out, deltas)
+        total = 0
+        for i in range(nt):
+            cur = ai[i, A_LIMIT]
+            new = cur + deltas[i]
+            new = lo if new < lo else hi if new > hi else new
+            total += new
+            if new != cur:
+                set_limit(E, S, i, new)
+        advance(E, S, arrivals, min(sf[S_NOW] + interval, end))
+        limit_sum += total
+        decisions += 1
+    return decisions, limit_sum

@@ -29,7 +29,7 @@ import numpy as np
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
 from admit.core.controller import Controller, validate_deltas
 from admit.core.observation import Observation
-from admit.core.percentiles import linear_np, linear_np_many
+from admit.core.percentiles import linear_np_many
 from admit.core.telemetry import (
     PreemptionWindow,
     TenantTokens,
@@ -434,28 +434,23 @@ def run_decisions(sim: Simulation | CompiledSimulation, controller: Controller, 
     return RunStats(decisions, limit_sum, len(sim.scenario.tenants))
 
 
-def _p99(values: Sequence[float]) -> float:
-    return linear_np(values, 99) if values else 0.0  # percentiles.LINEAR, as every episode summary
-
-
-def _pct(values: Sequence[float], q: float) -> float:
-    return linear_np(values, q) if values else 0.0  # percentiles.LINEAR, as every episode summary
-
-
 def tenant_metrics(t: TenantTotals, horizon_s: float) -> dict[str, float]:
     """One tenant's episode: goodput (good requests/s), attainment (good / arrived: drops and rejections
     count against it), throughput, TTFT/TPOT/e2e p50 and p99 of its completions, drops, rejections."""
+    ttft_p50, ttft_p99 = linear_np_many(t.ttft, (50, 99)) if t.ttft else (0.0, 0.0)
+    tpot_p50, tpot_p99 = linear_np_many(t.tpot, (50, 99)) if t.tpot else (0.0, 0.0)
+    e2e_p50, e2e_p99 = linear_np_many(t.e2e, (50, 99)) if t.e2e else (0.0, 0.0)
     return {
         "goodput_rps": t.good / horizon_s,
         "attainment": t.good / t.arrived if t.arrived else 1.0,
         "throughput_rps": t.completed / horizon_s,
         "output_tokens_per_s": t.output_tokens / horizon_s,
-        "ttft_p50_s": _pct(t.ttft, 50),
-        "ttft_p99_s": _pct(t.ttft, 99),
-        "tpot_p50_s": _pct(t.tpot, 50),
-        "tpot_p99_s": _pct(t.tpot, 99),
-        "e2e_p50_s": _pct(t.e2e, 50),
-        "e2e_p99_s": _pct(t.e2e, 99),
+        "ttft_p50_s": ttft_p50,
+        "ttft_p99_s": ttft_p99,
+        "tpot_p50_s": tpot_p50,
+        "tpot_p99_s": tpot_p99,
+        "e2e_p50_s": e2e_p50,
+        "e2e_p99_s": e2e_p99,
         "timeouts": float(t.dropped),
         "rejected": float(t.rejected),
         "arrived": float(t.arrived),

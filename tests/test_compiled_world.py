@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 from admit.controllers.registry import make_controller
 from admit.core.observation import Observation
-from admit.envs.compiled import CompiledSimulation, make_simulation
+from admit.envs.compiled import CompiledSimulation, _rule_of, make_simulation
 from admit.envs.scenario import Scenario, load_scenario
 from admit.envs.simulation import Simulation
 
@@ -62,6 +62,8 @@ def _random_episode(name: str, seed: int, horizon_s: float, max_queue: int | Non
 
 
 @pytest.mark.parametrize(("name", "seed", "horizon_s", "max_queue"), [
+    ("seed-paper", 0, 1800.0, None),  # the slot engine
+    ("seed-paper", 5, 1800.0, 2),
     ("h200-mixed", 0, 600.0, None),
     ("long-context-chat", 3, 600.0, None),
     ("h200-mix@5", 3, 600.0, None),
@@ -106,6 +108,40 @@ def test_the_paths_the_scenarios_were_chosen_for_are_reached() -> None:
     assert _random_episode("servegen-skewed", 2, 300.0, 3)[1].summary()["rejected"] > 0
 
 
+@pytest.mark.parametrize("policy", ["static", "static:3", "naive", "differentiated"])
+@pytest.mark.parametrize("name", ["seed-paper", "h200-mix@11002"])
+def test_a_rule_runs_in_one_kernel_call_with_the_python_worlds_numbers(name: str, policy: str) -> None:
+    """Static caps and the study's two rules run the whole decision loop in the kernel (kernels.run_rule): the
+    same decisions, limits, counts and latencies as the Python controllers in the Python world."""
+    sc = load_scenario(name).model_copy(update={"horizon_s": 600.0})
+    out = []
+    for world in ("python", "compiled"):
+        ctrl = make_controller(policy)
+        ctrl.reset(sc.control_spec(), 3)
+        sim = make_simulation(sc, 3, world=world)
+        out.append((sim.run(ctrl, name=policy), sim.summary(), sim.tenant_summary()))
+    assert out[0] == out[1]
+    assert out[0][0].decisions == 600.0 / sc.interval_s
+    assert _rule_of(make_controller("gradient2"), 2) is None  # anything else runs the Python loop
+
+
+def test_only_a_controller_that_decides_by_a_rule_runs_as_one() -> None:
+    from admit.controllers.naive import NaiveController
+
+    class Bolder(NaiveController):  # decides otherwise: must not run as the naive rule
+        def act(self, obs: Observation) -> list[int]:
+            return [1] * obs.n_tenants
+
+    class Unknown:
+        def decision_rule(self) -> tuple[str, tuple[float, ...]]:
+            return "bang-bang", ()
+
+    assert _rule_of(Bolder(), 2) is None
+    assert _rule_of(NaiveController(p99_threshold_s=4.0), 2) is not None
+    with pytest.raises(ValueError, match="decision_rule 'bang-bang' is unknown; allowed: static, naive, differentiated"):
+        _rule_of(Unknown(), 2)  # type: ignore[arg-type]
+
+
 def test_a_controller_run_matches_in_both_worlds() -> None:
     """Simulation.run's decision loop (what the evaluator and tuner use) on a hand-written adaptive policy."""
     sc = load_scenario("h200-mix@11002").model_copy(update={"horizon_s": 400.0})
@@ -144,10 +180,7 @@ def test_world_choice_and_what_the_compiled_world_refuses() -> None:
         make_simulation(load_scenario("h200-mixed"), 0, world="fast")
     with pytest.raises(ValueError, match="world 'fast' is unknown"):
         gym.make("admit/TenantAdmission-v1", scenario="h200-mixed", world="fast")
-    seed_paper = load_scenario("seed-paper")  # the slot engine: the Python world runs it
-    assert isinstance(make_simulation(seed_paper, 0), Simulation)
-    with pytest.raises(ValueError, match="runs the slot engine"):
-        CompiledSimulation(seed_paper, 0)
+    assert isinstance(make_simulation(load_scenario("seed-paper"), 0), CompiledSimulation)  # the slot engine too
     sc = load_scenario("h200-mixed")
     assert isinstance(make_simulation(sc, 0, world="python"), Simulation)
     replay = Simulation(sc, 0).requests[:50]

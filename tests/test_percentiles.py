@@ -20,6 +20,23 @@ def test_linear_matches_numpy_linear(values):
     assert pc.linear_np_many(values, [50, 95, 99]) == [pc.linear_np(values, q) for q in (50, 95, 99)]
 
 
+@given(st.lists(st.one_of(st.floats(0, 1e4, allow_nan=False), st.integers(0, 50).map(float)), min_size=1,
+                max_size=400),
+       st.lists(st.one_of(st.sampled_from([0, 1, 25, 50, 90, 95, 99, 99.9, 100]), st.floats(0, 100)), min_size=1,
+                max_size=5))
+def test_linear_np_many_is_numpys_percentile_bit_for_bit(values, qs):
+    """Any sizes, ties (the integer draws repeat), any q: the very numbers np.percentile returns."""
+    want = [float(x) for x in np.percentile(values, qs)]
+    assert pc.linear_np_many(values, qs) == want
+    assert pc.linear_np(np.asarray(values), qs[0]) == want[0]
+
+
+def test_linear_np_refuses_what_numpy_refuses_and_keeps_nan():
+    with pytest.raises(ValueError, match=r"Percentiles must be in the range \[0, 100\]"):
+        pc.linear_np_many([1.0, 2.0], [50, 101])
+    assert math.isnan(pc.linear_np([1.0, math.nan, 2.0], 50))
+
+
 def test_empty_window_gives_zeros():
     assert pc.linear([], [50, 99]) == [0.0, 0.0]
     assert pc.p50_p95_p99([]) == (0.0, 0.0, 0.0)
