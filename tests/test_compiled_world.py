@@ -138,7 +138,8 @@ def test_only_a_controller_that_decides_by_a_rule_runs_as_one() -> None:
 
     assert _rule_of(Bolder(), 2) is None
     assert _rule_of(NaiveController(p99_threshold_s=4.0), 2) is not None
-    with pytest.raises(ValueError, match="decision_rule 'bang-bang' is unknown; allowed: static, naive, differentiated"):
+    with pytest.raises(ValueError, match="decision_rule 'bang-bang' is unknown; allowed: static, naive, "
+                                         "differentiated"):
         _rule_of(Unknown(), 2)  # type: ignore[arg-type]
 
 
