@@ -218,7 +218,7 @@ class CompiledSimulation:
         new limits, the observation values and the interval's counts (a tenants × 7 array in ``IntervalCounts``
         field order; valid until the next call)."""
         values, _, _ = self.env_step(np.asarray(deltas, dtype=np.int64), 0, self._ones)
-        return self._limits_buf.tolist(), values, self._interval
+        return self.last_limits, values, self.last_counts
 
     def env_step(self, action: np.ndarray, offset: int, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray,
                                                                                         list[float]]:
