@@ -33,7 +33,6 @@ from admit.core.spec import Limits
 MAX_TENANTS = 8
 FACTORS: tuple[float, ...] = (0.5, 0.75, 0.9, 1.0, 1.1, 1.33, 2.0)
 HOLD = FACTORS.index(1.0)
-_FACTOR_ARRAY = np.array(FACTORS)
 N_GLOBAL = len(GLOBAL_FEATURES) + 3
 N_TENANT = len(TENANT_FEATURES)
 
@@ -67,24 +66,41 @@ def observation_vector(obs: Observation, limits: Limits, max_tenants: int = MAX_
     return set_vector(obs.to_vector(), obs.n_tenants, limits, max_tenants)
 
 
-def delta_array(choices: Sequence[int] | np.ndarray, current: Sequence[float] | np.ndarray,
-                limits: Limits) -> np.ndarray:
-    """Per-tenant deltas (within ±max_step) for the first ``len(current)`` slots' choices, as an int64 array."""
+def delta_list(choices: Sequence[int] | np.ndarray, current: Sequence[float] | np.ndarray,
+               limits: Limits) -> list[int]:
+    """Per-tenant deltas (within ±max_step) for the first ``len(current)`` slots' choices.
+
+    Written tenant by tenant in Python: at most eight of them, where a dozen numpy calls on tiny arrays cost
+    several times the arithmetic (this runs at every training step). Python's ``round`` of a float rounds
+    half to even, as ``np.rint`` does; a choice given as a float is truncated, as ``int()`` does."""
     n = len(current)
     if len(choices) < n:
         raise ValueError(f"{len(choices)} choices for {n} tenants")
-    c = np.asarray(choices[:n]).astype(np.int64)  # int(): choices given as floats are truncated
-    bad = (c < 0) | (c >= len(FACTORS))
-    if bad.any():
-        raise ValueError(f"choice {int(c[np.argmax(bad)])} is out of range 0..{len(FACTORS) - 1}")
-    f = _FACTOR_ARRAY[c]
-    cur = np.rint(np.asarray(current, dtype=np.float64))  # round(): half to even, as np.rint
-    d = np.rint(cur * f) - cur
-    d = np.where(f > 1.0, np.maximum(d, 1.0), np.where(f < 1.0, np.minimum(d, -1.0), d))
+    vals = choices.tolist() if isinstance(choices, np.ndarray) else list(choices)
+    cur_vals = current.tolist() if isinstance(current, np.ndarray) else current
     k = limits.max_step
-    return np.clip(d, -k, k).astype(np.int64)
+    out = []
+    for i in range(n):
+        c = int(vals[i])
+        if not 0 <= c < len(FACTORS):
+            raise ValueError(f"choice {c} is out of range 0..{len(FACTORS) - 1}")
+        f = FACTORS[c]
+        cur = round(float(cur_vals[i]))
+        d = round(cur * f) - cur
+        if f > 1.0:
+            d = max(d, 1)
+        elif f < 1.0:
+            d = min(d, -1)
+        out.append(-k if d < -k else k if d > k else d)
+    return out
+
+
+def delta_array(choices: Sequence[int] | np.ndarray, current: Sequence[float] | np.ndarray,
+                limits: Limits) -> np.ndarray:
+    """``delta_list`` as an int64 array."""
+    return np.array(delta_list(choices, current, limits), dtype=np.int64)
 
 
 def to_deltas(choices: Sequence[int] | np.ndarray, current: Sequence[float], limits: Limits) -> list[int]:
-    """``delta_array`` as a list of ints."""
-    return delta_array(choices, current, limits).tolist()
+    """``delta_list`` (the deployed policy's name for it)."""
+    return delta_list(choices, current, limits)

@@ -108,8 +108,13 @@ class SetEnv(gym.Env):
         return env
 
     def _vec(self, flat: np.ndarray) -> np.ndarray:
-        assert self.inner is not None
-        return set_codec.set_vector(flat, self.inner.n, self.limits, self.max_tenants)
+        """``set_codec.set_vector(flat, n, limits)``, from the episode's template (bounds, n and mask already
+        in place): two slice copies instead of the checks and zero-fill at every step."""
+        out = self._template.copy()
+        g = self._g
+        out[:g] = flat[:g]
+        out[set_codec.N_GLOBAL : set_codec.N_GLOBAL + len(flat) - g] = flat[g:]
+        return out
 
     def reset(self, *, seed: int | None = None, options: dict[str, Any] | None = None):
         super().reset(seed=seed)
@@ -120,6 +125,9 @@ class SetEnv(gym.Env):
         self.limits = sc.control_spec().limits
         self.scale = 1.0 / max(offered_rps(sc), 1e-9) if self.per_offered_load else 1.0
         flat, info = self.inner.reset(seed=seed)
+        # the episode's vector layout, checked once: set_vector of a zero observation is the template
+        self._template = set_codec.set_vector(np.zeros_like(flat), self.inner.n, self.limits, self.max_tenants)
+        self._g = len(flat) - self.inner.n * set_codec.N_TENANT
         info["world"] = sc.name
         return self._vec(flat), info
 
@@ -127,11 +135,11 @@ class SetEnv(gym.Env):
         inner = self.inner
         if inner is None or inner.sim is None:
             raise RuntimeError("call reset() before step()")
-        action = set_codec.delta_array(np.asarray(action).reshape(-1), inner.sim.limits, self.limits)
-        action += self.limits.max_step
-        flat, reward, terminated, truncated, info = inner.step(action)
+        k = self.limits.max_step
+        deltas = set_codec.delta_list(np.asarray(action).reshape(-1), inner.sim.limits, self.limits)
+        flat, reward, terminated, truncated, info = inner.step(np.array([d + k for d in deltas], dtype=np.int64))
         if self.scale != 1.0:
             reward *= self.scale
-            info["reward_terms"] = {k: v * self.scale for k, v in info["reward_terms"].items()}
+            info["reward_terms"] = {key: v * self.scale for key, v in info["reward_terms"].items()}
         info["world"] = inner.scenario.name
         return self._vec(flat), float(reward), terminated, truncated, info
