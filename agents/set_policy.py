@@ -9,6 +9,11 @@ mask) and is built DeepSets-style, so it is the same function of every tenant an
     logits_i = ψ([e_i, c])                               shared head: one categorical per tenant slot
     V        = ρ([c, z_global])                          the critic sees the pool, never a slot index
 
+Every hidden layer uses ``activation`` (tanh, SB3's default, or ReLU: this CPU build of torch takes ~4 ns per
+element for tanh and ~0.15 for ReLU, a sixth of a PPO update at 64 units). ψ's first layer is computed as
+``W_e e_i + (W_c c + b)``: the context's share once per row instead of once per slot, the same function
+with the same parameters (a third of ψ's multiply-adds; sums in another order, so equal to float rounding).
+
 A padding slot's logits are pinned to "hold" (a near-certain choice), so it adds nothing to the log-probability
 or the entropy PPO optimises. Zaheer et al., "Deep Sets" (NeurIPS 2017) for the sum/max-pooled form.
 
@@ -25,6 +30,9 @@ from admit.agents.set_codec import HOLD, MAX_TENANTS, N_GLOBAL, N_TENANT
 from stable_baselines3.common.distributions import MultiCategoricalDistribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 from torch import nn
+from torch.nn import functional as F
+
+ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 PIN = 30.0  # a padding slot's logit margin for "hold": probability 1 − 6·e^−30 of choosing it
 
@@ -41,15 +49,16 @@ def _split(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.T
 class SetExtractor(nn.Module):
     """φ, the pooling, ψ's hidden layer and ρ's: ``forward`` gives (actor latent, critic latent)."""
 
-    def __init__(self, hidden: int, max_tenants: int) -> None:
+    def __init__(self, hidden: int, max_tenants: int, activation: str = "tanh") -> None:
         super().__init__()
+        if activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
+        act = ACTIVATIONS[activation]
         self.m = max_tenants
         self.hidden = hidden
-        self.phi = nn.Sequential(
-            nn.Linear(N_TENANT + N_GLOBAL, hidden), nn.Tanh(), nn.Linear(hidden, hidden), nn.Tanh()
-        )
-        self.psi = nn.Sequential(nn.Linear(3 * hidden, hidden), nn.Tanh())
-        self.rho = nn.Sequential(nn.Linear(2 * hidden + N_GLOBAL, hidden), nn.Tanh())
+        self.phi = nn.Sequential(nn.Linear(N_TENANT + N_GLOBAL, hidden), act(), nn.Linear(hidden, hidden), act())
+        self.psi = nn.Sequential(nn.Linear(3 * hidden, hidden), act())
+        self.rho = nn.Sequential(nn.Linear(2 * hidden + N_GLOBAL, hidden), act())
         # what ActorCriticPolicy reads: the actor latent is every slot's hidden vector plus the mask
         self.latent_dim_pi = max_tenants * hidden + max_tenants
         self.latent_dim_vf = hidden
@@ -60,17 +69,26 @@ class SetExtractor(nn.Module):
         zt = torch.log1p(ten.clamp(min=0.0))
         e = self.phi(torch.cat([zt, zg.unsqueeze(1).expand(-1, self.m, -1)], dim=-1))  # (B, m, h)
         w = mask.unsqueeze(-1)
-        count = w.sum(dim=1).clamp(min=1.0)
-        mean = (e * w).sum(dim=1) / count
+        count = w.sum(dim=1)
+        mean = (e * w).sum(dim=1) / count.clamp(min=1.0)
         big = torch.finfo(e.dtype).max
         mx = torch.where(w > 0, e, torch.full_like(e, -big)).amax(dim=1)
-        mx = torch.where(count > 0, mx, torch.zeros_like(mx))
+        mx = torch.where(count > 0, mx, torch.zeros_like(mx))  # no real tenant (never in an env): a zero pool
         return torch.cat([mean, mx], dim=-1), e, zg, mask
+
+    def _slots(self, e: torch.Tensor, ctx: torch.Tensor) -> torch.Tensor:
+        """ψ's hidden layer on every slot, (B, m, h): ``act(W [e_i, c] + b)`` with ``W = [W_e | W_c]``."""
+        lin, act = self.psi[0], self.psi[1]
+        assert isinstance(lin, nn.Linear)
+        w, h = lin.weight, self.hidden
+        own = F.linear(e, w[:, :h])
+        shared = F.linear(ctx, w[:, h:], lin.bias)
+        out: torch.Tensor = act(own + shared.unsqueeze(1))
+        return out
 
     def forward_actor(self, x: torch.Tensor) -> torch.Tensor:
         ctx, e, _, mask = self._context(x)
-        h = self.psi(torch.cat([e, ctx.unsqueeze(1).expand(-1, self.m, -1)], dim=-1))  # (B, m, h)
-        return torch.cat([h.flatten(1), mask], dim=-1)
+        return torch.cat([self._slots(e, ctx).flatten(1), mask], dim=-1)
 
     def forward_critic(self, x: torch.Tensor) -> torch.Tensor:
         ctx, _, zg, _ = self._context(x)
@@ -78,8 +96,7 @@ class SetExtractor(nn.Module):
 
     def forward(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         ctx, e, zg, mask = self._context(x)
-        h = self.psi(torch.cat([e, ctx.unsqueeze(1).expand(-1, self.m, -1)], dim=-1))
-        return torch.cat([h.flatten(1), mask], dim=-1), self.rho(torch.cat([ctx, zg], dim=-1))
+        return torch.cat([self._slots(e, ctx).flatten(1), mask], dim=-1), self.rho(torch.cat([ctx, zg], dim=-1))
 
 
 class SlotHead(nn.Module):
@@ -150,14 +167,17 @@ class SlotCategorical(MultiCategoricalDistribution):
 class TenantSetPolicy(ActorCriticPolicy):
     """ActorCriticPolicy with the DeepSets extractor and the shared slot head (see the module docstring)."""
 
-    def __init__(self, *args: Any, hidden: int = 64, max_tenants: int = MAX_TENANTS, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, hidden: int = 64, max_tenants: int = MAX_TENANTS, activation: str = "tanh",
+                 **kwargs: Any) -> None:
         self.set_hidden = hidden
         self.set_max_tenants = max_tenants
+        self.set_activation = activation
         kwargs.setdefault("ortho_init", False)  # our layers keep torch's default init; the head is set below
         super().__init__(*args, **kwargs)
 
     def _build_mlp_extractor(self) -> None:
-        self.mlp_extractor = SetExtractor(self.set_hidden, self.set_max_tenants)  # type: ignore[assignment]
+        self.mlp_extractor = SetExtractor(  # type: ignore[assignment]
+            self.set_hidden, self.set_max_tenants, self.set_activation)
 
     def _build(self, lr_schedule: Any) -> None:
         super()._build(lr_schedule)
@@ -174,5 +194,5 @@ class TenantSetPolicy(ActorCriticPolicy):
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
-        data.update(hidden=self.set_hidden, max_tenants=self.set_max_tenants)
+        data.update(hidden=self.set_hidden, max_tenants=self.set_max_tenants, activation=self.set_activation)
         return data

@@ -9,7 +9,7 @@ import pytest
 import torch
 import yaml
 from admit.agents import set_codec
-from admit.agents.set_policy import SlotCategorical, TenantSetPolicy
+from admit.agents.set_policy import SetExtractor, SlotCategorical, TenantSetPolicy
 from admit.controllers.registry import make_controller
 from admit.core.observation import Observation
 from admit.core.spec import Limits
@@ -230,3 +230,53 @@ def test_slot_categorical_computes_what_sb3s_multicategorical_does(batch: int) -
     assert torch.equal(ours.mode(), sb3.mode())
     grads = [torch.autograd.grad((d.log_prob(acts) * 1.7 - 0.01 * d.entropy()).sum(), logits)[0] for d in (ours, sb3)]
     assert torch.equal(grads[0], grads[1]) and grads[0].abs().sum() > 0
+
+
+def _set_batch(batch: int, seed: int) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(seed)
+    x = 5.0 * torch.rand(batch, set_codec.set_vector_size(), generator=gen)
+    n = torch.randint(1, set_codec.MAX_TENANTS + 1, (batch, 1), generator=gen)
+    x[:, -set_codec.MAX_TENANTS:] = (torch.arange(set_codec.MAX_TENANTS) < n).float()
+    return x
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_psi_on_the_shared_context_once_is_the_concatenated_layer(activation: str) -> None:
+    """ψ's first layer computed as W_e·e_i + (W_c·c + b) is the layer applied to [e_i, c], to float rounding."""
+    torch.manual_seed(1)
+    ext = SetExtractor(hidden=32, max_tenants=set_codec.MAX_TENANTS, activation=activation)
+    x = _set_batch(64, 2)
+    with torch.no_grad():
+        got = ext.forward_actor(x)
+        ctx, e, _, mask = ext._context(x)
+        want = ext.psi(torch.cat([e, ctx.unsqueeze(1).expand(-1, ext.m, -1)], dim=-1))
+    assert torch.allclose(got[:, : ext.m * ext.hidden], want.flatten(1), rtol=0, atol=2e-6)
+    assert torch.equal(got[:, ext.m * ext.hidden :], mask)
+    assert want.abs().max() > 0.05  # a real signal, not a layer of zeros
+
+
+def test_activation_is_saved_with_the_model_and_a_bad_one_is_refused(tmp_path: Path) -> None:
+    env = SetEnv(Worlds(scenario=load_scenario("h200-mixed")))
+    model = PPO(TenantSetPolicy, env, n_steps=32, batch_size=32, device="cpu",
+                policy_kwargs={"hidden": 8, "activation": "relu"})
+    model.save(tmp_path / "m.zip")
+    loaded = PPO.load(tmp_path / "m.zip", device="cpu")
+    acts = {type(m).__name__ for m in loaded.policy.mlp_extractor.modules()}
+    assert "ReLU" in acts and "Tanh" not in acts
+    assert isinstance(_policy(env).mlp_extractor.psi[1], torch.nn.Tanh)  # the default, as models saved before
+    with pytest.raises(ValueError, match=r"activation must be one of \['relu', 'tanh'\], got 'gelu'"):
+        SetExtractor(hidden=8, max_tenants=2, activation="gelu")
+
+
+@pytest.mark.parametrize("activation", ["tanh", "relu"])
+def test_a_row_without_tenants_pools_to_zero(activation: str) -> None:
+    """The pool of no real tenant is zero, not the masked max's sentinel (which a ReLU critic would pass on)."""
+    torch.manual_seed(0)
+    ext = SetExtractor(hidden=16, max_tenants=set_codec.MAX_TENANTS, activation=activation)
+    x = _set_batch(4, 3)
+    x[1, -set_codec.MAX_TENANTS:] = 0.0
+    with torch.no_grad():
+        ctx, _, _, _ = ext._context(x)
+        _, value_latent = ext(x)
+    assert torch.equal(ctx[1], torch.zeros_like(ctx[1]))
+    assert ctx[0].abs().sum() > 0 and torch.isfinite(value_latent).all()

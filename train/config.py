@@ -13,8 +13,9 @@ a bad key or value raises ``TrainConfigError`` naming the key and what is allowe
     seed: 0
     vec_env: dummy        # dummy | subproc | block (admit.train.vec: envs in blocks, trainer + vec_workers)
     vec_workers: 1
+    update_threads: 2     # optional: torch threads for the PPO update (the rollout keeps torch_threads: 1)
     hyperparams: {n_steps: 512, batch_size: 256, n_epochs: 5, learning_rate: 0.0003}
-    policy: {net_arch: [64, 64], activation: tanh}
+    policy: {net_arch: [64, 64], activation: tanh}   # or {kind: tenant-set, hidden: 64, activation: relu}
     eval: {freq: 20000, episodes: 4}
     checkpoint_freq: 50000
     reward: {throughput: 0, goodput: 1, slo_violation: 0}   # optional: replaces the scenario's weights
@@ -101,7 +102,7 @@ class PolicyConfig(_Model):
 
     kind: Literal["mlp", "tenant-set"] = "mlp"
     net_arch: list[int] = Field(default=[64, 64], min_length=1)
-    activation: Literal["tanh", "relu"] = "tanh"
+    activation: Literal["tanh", "relu"] = Field(default="tanh", description="every hidden layer's, either kind")
     hidden: int = Field(default=64, ge=4, le=1024, description="tenant-set: width of every layer")
 
     @model_validator(mode="after")
@@ -156,6 +157,9 @@ class TrainConfig(_Model):
         default=1, ge=0, le=16, description="vec_env block: worker processes besides the trainer's own block"
     )
     torch_threads: int = Field(default=1, ge=1)
+    update_threads: int | None = Field(
+        default=None, ge=1, description="torch threads for the policy update (rollouts keep torch_threads): the "
+        "block workers idle while the trainer updates, so 2 here uses both cores; null = torch_threads")
     hyperparams: dict[str, Any] = Field(default_factory=dict, description="checked against HYPERPARAMS[algo]")
     policy: PolicyConfig = PolicyConfig()
     normalize: NormalizeConfig = NormalizeConfig()
