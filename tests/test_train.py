@@ -283,3 +283,37 @@ def test_training_episodes_never_use_evaluation_seeds(tmp_path: Path) -> None:
     finally:
         venv.close()
     assert second == [TRAIN_SEED_BASE + 2000 + 3 + i for i in range(3)]  # stride n_envs: never collide
+
+
+def test_update_threads_apply_to_the_update_only_and_runs_stay_reproducible(tmp_path: Path) -> None:
+    """With ``update_threads: 2`` the update runs on two torch threads and the rollout on ``torch_threads``;
+    the same seed still gives the same parameters."""
+    from admit.train import trainer
+
+    seen: dict[str, set[int]] = {"update": set(), "rollout": set()}
+
+    class Recording(PPO):
+        def train(self) -> None:
+            seen["update"].add(torch.get_num_threads())
+            super().train()
+
+        def _update_info_buffer(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+            seen["rollout"].add(torch.get_num_threads())  # SB3 calls it at every rollout step
+            return super()._update_info_buffer(*args, **kwargs)
+
+    scenario = str(short_scenario(tmp_path))
+    common = {"scenario": scenario, "timesteps": 256, "n_envs": 2, "seed": 5, "eval": {"freq": 0},
+              "checkpoint_freq": 0, "update_threads": 2}
+    hp = {"hyperparams": {"n_steps": 64, "batch_size": 64, "n_epochs": 2}, "policy": {"net_arch": [16, 16]}}
+    before = torch.get_num_threads()
+    original = trainer.ALGORITHMS["ppo"]
+    trainer.ALGORITHMS["ppo"] = Recording
+    try:
+        for name in ("a", "b"):
+            train(load_config(None, **common, **hp), tmp_path / name, progress=False)
+    finally:
+        trainer.ALGORITHMS["ppo"] = original
+        torch.set_num_threads(before)
+    assert seen == {"update": {2}, "rollout": {1}}
+    a, b = _params(tmp_path / "a"), _params(tmp_path / "b")
+    assert all(torch.equal(a[k], b[k]) for k in a)

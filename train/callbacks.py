@@ -11,6 +11,8 @@
   "best model" is chosen on a fixed validation set.
 - ``SaveVecNormalize`` saves the normalisation statistics next to a saved best model, so the best model's
   folder loads like the final one.
+- ``UpdateThreads`` gives torch one thread count while the rollout runs and another for the update: during
+  a rollout the trainer shares the cores with its env workers, during the update those workers wait.
 - ``RichProgress`` is a progress bar on ``rich`` (already a dependency of the command line).
 """
 
@@ -19,6 +21,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import torch
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from stable_baselines3.common.callbacks import BaseCallback, EvalCallback
 
@@ -70,6 +73,28 @@ class EpisodeMetricsLogger(BaseCallback):
         self._terms[i] = {}
         self._limit_sum[i] = 0.0
         self._steps[i] = 0
+
+
+class UpdateThreads(BaseCallback):
+    """``torch.set_num_threads(rollout)`` when a rollout starts, ``(update)`` when it ends (the update follows)."""
+
+    def __init__(self, rollout: int, update: int) -> None:
+        super().__init__()
+        if rollout < 1 or update < 1:
+            raise ValueError(f"thread counts must be >= 1, got rollout={rollout}, update={update}")
+        self.rollout, self.update = rollout, update
+
+    def _on_rollout_start(self) -> None:
+        torch.set_num_threads(self.rollout)
+
+    def _on_rollout_end(self) -> None:
+        torch.set_num_threads(self.update)
+
+    def _on_training_end(self) -> None:
+        torch.set_num_threads(self.rollout)
+
+    def _on_step(self) -> bool:
+        return True
 
 
 class SeededEvalCallback(EvalCallback):

@@ -34,7 +34,13 @@ import torch
 import yaml
 from admit.agents.action_codec import ActionKind
 from admit.envs.scenario import Scenario, load_scenario
-from admit.train.callbacks import EpisodeMetricsLogger, RichProgress, SaveVecNormalize, SeededEvalCallback
+from admit.train.callbacks import (
+    EpisodeMetricsLogger,
+    RichProgress,
+    SaveVecNormalize,
+    SeededEvalCallback,
+    UpdateThreads,
+)
 from admit.train.config import TrainConfig, write_config
 from admit.train.vec import BlockVecEnv
 from admit.train.worlds import Split, Worlds, with_reward
@@ -123,7 +129,7 @@ def build_model(cfg: TrainConfig, venv: VecEnv, tensorboard_dir: Path | None) ->
     if cfg.policy.kind == "tenant-set":
         from admit.agents.set_policy import TenantSetPolicy
 
-        policy, policy_kwargs = TenantSetPolicy, {"hidden": cfg.policy.hidden}
+        policy, policy_kwargs = TenantSetPolicy, {"hidden": cfg.policy.hidden, "activation": cfg.policy.activation}
     return ALGORITHMS[cfg.algo](
         policy,
         venv,
@@ -156,6 +162,8 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
     venv = make_vec_env(cfg, scenario)
     model = build_model(cfg, venv, out / "tb")
     callbacks: list[BaseCallback] = [EpisodeMetricsLogger()]
+    if cfg.update_threads is not None and cfg.update_threads != cfg.torch_threads:
+        callbacks.append(UpdateThreads(cfg.torch_threads, cfg.update_threads))
     steps_per_call = cfg.n_envs
     if cfg.checkpoint_freq > 0:
         callbacks.append(
