@@ -483,3 +483,29 @@ def test_cli_evaluate_on_a_shorter_horizon_and_results_refuse_an_unknown_scenari
     res = subprocess.run(bad, capture_output=True, text=True, timeout=120)
     assert res.returncode == 2 and "unknown scenario 'no-such-scenario'" in res.stderr
     assert not (tmp_path / "RESULTS.md").exists()
+
+
+def test_verdict_against_any_policy_is_the_verdict_with_that_policy_first():
+    """The ppo:general section's verdicts against another policy are what a run with that policy as the
+    baseline gives (p-values recomputed from the stored per-seed figures), and its counts follow them."""
+    from admit.evaluate.results import general_row, general_section, hand_written, verdict_against
+    from admit.evaluate.verdict import verdicts
+
+    sc = load_scenario("h200-mixed", horizon_s=SHORT_S)
+    pols = ["static", "robust", "static:2", "ppo:general"]
+    a = evaluate(sc, pols, seeds=6).to_json()
+    b = evaluate(sc, ["robust", "static", "static:2", "ppo:general"], seeds=6).to_json()
+    got = {p: verdict_against(a, p, "robust") for p in ("static", "static:2", "ppo:general")}
+    assert got == {p: verdicts(b)[p] for p in got}
+    assert {v.outcome for v in got.values()} != {"ties"}  # six seeds tell caps of 2 apart
+    assert hand_written(a) == ["robust"]
+    row = general_row("h200-mixed", a)
+    assert row is not None
+    text, wins, no_worse = row
+    assert "`robust`" in text and f"**{got['ppo:general'].outcome}**" in text
+    assert wins == (verdicts(a)["ppo:general"].outcome == "wins")
+    assert no_worse == (got["ppo:general"].outcome != "loses")
+    section = "\n".join(general_section([row], "### Why\n\nmeasured reasons"))
+    assert f"on **{int(wins)} of 1** tables" in section and f"on **{int(no_worse)} of 1**." in section
+    assert section.endswith("measured reasons\n")
+    assert general_row("h200-mixed", {"policies": {p: a["policies"][p] for p in pols[:3]}}) is None
