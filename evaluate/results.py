@@ -431,7 +431,7 @@ def glance_row(name: str, data: dict) -> str:
             f"{best_of(untuned)} |")
 
 
-GENERAL = "ppo:general"  # issue 13's policy: one tenant-set network for every scenario
+GENERAL_POLICY = f"ppo:{GENERAL}"  # issue 13's policy: one tenant-set network for every scenario
 WHY_FILE = "why_static_best.md"  # the measured reasons, hand-written beside the report and included in it
 
 
@@ -463,12 +463,12 @@ def general_row(name: str, data: dict) -> tuple[str, bool, bool] | None:
     against the baseline and whether it is no worse (ties or wins) than that controller."""
     pols = data["policies"]
     hand = hand_written(data)
-    if GENERAL not in pols or not hand:
+    if GENERAL_POLICY not in pols or not hand:
         return None
     base = next(iter(pols))
     best = max(hand, key=lambda p: pols[p]["goodput_rps"]["mean"])
-    vb, vh = verdict_against(data, GENERAL, base), verdict_against(data, GENERAL, best)
-    g = pols[GENERAL]["goodput_rps"]["mean"]
+    vb, vh = verdict_against(data, GENERAL_POLICY, base), verdict_against(data, GENERAL_POLICY, best)
+    g = pols[GENERAL_POLICY]["goodput_rps"]["mean"]
     row = (f"| {name} | {g:.3f} | `{base}` {pols[base]['goodput_rps']['mean']:.3f}: **{vb.outcome}** | "
            f"`{best}` {pols[best]['goodput_rps']['mean']:.3f}: **{vh.outcome}** | {'; '.join(vh.reasons[:2])} |")
     return row, vb.outcome == "wins", vh.outcome != "loses"
@@ -481,10 +481,10 @@ def general_section(rows: list[tuple[str, bool, bool]], why: str | None) -> list
     wins = sum(r[1] for r in rows)
     no_worse = sum(r[2] for r in rows)
     out = [
-        f"## `{GENERAL}` against the bar: beat the baseline everywhere, match the best hand-written controller on "
-        "half",
+        f"## `{GENERAL_POLICY}` against the bar: beat the baseline everywhere, match the best hand-written "
+        "controller on half",
         "",
-        f"`{GENERAL}` (docs/training.md) is one tenant-set policy trained across the h200-mix family's train "
+        f"`{GENERAL_POLICY}` (docs/training.md) is one tenant-set policy trained across the h200-mix family's train "
         "instances, run unchanged on every table. Its verdict against each table's baseline, and against the "
         "best hand-written controller of that table (the one with the most goodput; the same rule, p-values "
         "recomputed from the stored per-seed figures, paired by seed). Reasons are against that controller.",
@@ -660,7 +660,7 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
         "Per scenario: the baseline's goodput (req/s), how many policies win, tie and lose against it, which win, "
         "the adaptive policy (not a static one) with the most goodput, its ratio to the baseline and its verdict, "
         "and the same among the policies that use no tuned caps (not `...:best`). Where nothing wins, the "
-        f"section on `{GENERAL}` below measures why.",
+        f"section on `{GENERAL_POLICY}` below measures why.",
         "",
         "| scenario | baseline | wins | ties | loses | winners | best adaptive policy | best without tuned caps |",
         "|---|---|---|---|---|---|---|---|",
