@@ -317,3 +317,29 @@ def test_update_threads_apply_to_the_update_only_and_runs_stay_reproducible(tmp_
     assert seen == {"update": {2}, "rollout": {1}}
     a, b = _params(tmp_path / "a"), _params(tmp_path / "b")
     assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_validation_episodes_run_side_by_side_and_score_what_one_env_scores(tmp_path: Path) -> None:
+    """make_eval_env steps the validation episodes in parallel envs: the same seeds, the same returns as
+    running them one after another in a single env."""
+    from admit.train.trainer import env_factory, make_eval_env
+    from stable_baselines3.common.evaluation import evaluate_policy
+    from stable_baselines3.common.vec_env import DummyVecEnv, VecMonitor, VecNormalize
+
+    sc = load_scenario(short_scenario(tmp_path))
+    cfg = load_config(None, scenario="seed-paper", n_envs=2, seed=1, eval={"freq": 64, "episodes": 3},
+                      checkpoint_freq=0, hyperparams={"n_steps": 32, "batch_size": 32, "n_epochs": 1})
+    venv = make_vec_env(cfg, sc)
+    try:
+        model = build_model(cfg, venv, None)
+        batched = make_eval_env(cfg, sc)
+        assert batched.num_envs == 3
+        base = cfg.eval.seed_base
+        assert batched.get_attr("base") == [base, base + 1, base + 2] and batched.get_attr("stride") == [3, 3, 3]
+        got, _ = evaluate_policy(model, batched, n_eval_episodes=3, deterministic=True, return_episode_rewards=True)
+        one = VecNormalize(VecMonitor(DummyVecEnv([env_factory(sc, "multidiscrete", base, 1)])),
+                           training=False, norm_reward=False)
+        want, _ = evaluate_policy(model, one, n_eval_episodes=3, deterministic=True, return_episode_rewards=True)
+    finally:
+        venv.close()
+    assert sorted(got) == sorted(want) and len(set(want)) == 3  # three different episodes, the same three

@@ -14,7 +14,8 @@
 
 Seeds: the algorithm (torch, numpy, action-space sampling) is seeded with ``cfg.seed``; the workload of
 episode j in training env i is drawn from ``1_000_000 + 1000·seed + i + n_envs·j`` and the validation
-episodes from ``eval.seed_base + j`` (admit.train.wrappers), all disjoint from the evaluation seeds 0..19.
+episodes from ``eval.seed_base + j``, j < eval.episodes (admit.train.wrappers; ``make_eval_env``), all
+disjoint from the evaluation seeds 0..19.
 With ``n_envs`` and the machine fixed, the same config gives the same final parameters — with any
 ``vec_env``: ``dummy`` (all envs in the trainer), ``subproc`` (one process per env) or ``block``
 (admit.train.vec.BlockVecEnv: the envs in blocks, one in the trainer and one per ``vec_workers`` process)
@@ -106,13 +107,19 @@ def _norm_obs(cfg: TrainConfig) -> bool:
     return cfg.normalize.obs and cfg.policy.kind == "mlp"
 
 
+EVAL_ENVS_MAX = 16
+
+
 def make_eval_env(cfg: TrainConfig, scenario: Scenario | None) -> VecNormalize:
-    """One validation env on seeds eval.seed_base + j (a family's validation instances); frozen normalisation,
-    raw rewards."""
-    fn = _factory(cfg, scenario, "validation", cfg.eval.seed_base, 1)
+    """The validation episodes, seeds eval.seed_base + j for j < eval.episodes (a family's validation
+    instances), stepped side by side: ``k = min(episodes, 16)`` envs, env i running seeds seed_base + i + k·m,
+    so one evaluation is one batched pass instead of ``episodes`` one-env passes (the same episodes, the same
+    deterministic returns). Frozen normalisation, raw rewards."""
+    k = max(1, min(cfg.eval.episodes, EVAL_ENVS_MAX))
+    fns = [_factory(cfg, scenario, "validation", cfg.eval.seed_base + i, k) for i in range(k)]
     n = cfg.normalize
     return VecNormalize(
-        VecMonitor(DummyVecEnv([fn])), training=False, norm_obs=_norm_obs(cfg), norm_reward=False, clip_obs=n.clip_obs
+        VecMonitor(DummyVecEnv(fns)), training=False, norm_obs=_norm_obs(cfg), norm_reward=False, clip_obs=n.clip_obs
     )
 
 
