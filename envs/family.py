@@ -290,10 +290,21 @@ def load_family(name_or_path: str | Path) -> Family:
     path = Path(name_or_path)
     if path.suffix in (".yaml", ".yml") and path.is_file():
         return _load_family_text(path.read_text(), origin)
-    names = bundled_families()
-    if origin not in names:
+    if origin not in _bundled_names():
+        names = bundled_families()
         raise FamilyError(f"unknown family {origin!r}; bundled families: {', '.join(names) or 'none'} "
                           "(or a path to a family .yaml file)")
+    return _bundled_family(origin)
+
+
+@lru_cache(maxsize=1)
+def _bundled_names() -> frozenset[str]:
+    return frozenset(bundled_families())
+
+
+@lru_cache(maxsize=32)
+def _bundled_family(origin: str) -> Family:
+    """A bundled family, read and checked once per process (a training env picks an instance at every reset)."""
     fam = _load_family_text(resources.files("admit.envs").joinpath("families", f"{origin}.yaml").read_text(), origin)
     if fam.name != origin:
         raise FamilyError(f"family file {origin}.yaml is named {fam.name!r}; a bundled family's name is its file's")

@@ -121,6 +121,8 @@ class SetEnv(gym.Env):
         if seed is None:
             seed = int(self.np_random.integers(2**31))
         sc = self.worlds.pick(seed)
+        if self.inner is not None:
+            self.inner.sim = None  # its finished episode's world (arrays the size of the episode's requests) goes
         self.inner = self._env_for(sc)
         self.limits = sc.control_spec().limits
         self.scale = 1.0 / max(offered_rps(sc), 1e-9) if self.per_offered_load else 1.0
