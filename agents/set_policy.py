@@ -12,7 +12,8 @@ mask) and is built DeepSets-style, so it is the same function of every tenant an
 Every hidden layer uses ``activation`` (tanh, SB3's default, or ReLU: this CPU build of torch takes ~4 ns per
 element for tanh and ~0.15 for ReLU, a sixth of a PPO update at 64 units). ψ's first layer is computed as
 ``W_e e_i + (W_c c + b)``: the context's share once per row instead of once per slot, the same function
-with the same parameters (a third of ψ's multiply-adds; sums in another order, so equal to float rounding).
+with the same parameters (a third of ψ's multiply-adds; sums in another order, so equal to float rounding);
+φ's first layer likewise takes the globals' share once per row instead of concatenating them to every slot.
 
 A padding slot's logits are pinned to "hold" (a near-certain choice), so it adds nothing to the log-probability
 or the entropy PPO optimises. Zaheer et al., "Deep Sets" (NeurIPS 2017) for the sum/max-pooled form.
@@ -37,15 +38,6 @@ ACTIVATIONS: dict[str, type[nn.Module]] = {"tanh": nn.Tanh, "relu": nn.ReLU}
 PIN = 30.0  # a padding slot's logit margin for "hold": probability 1 − 6·e^−30 of choosing it
 
 
-def _split(x: torch.Tensor, m: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(globals (B, N_GLOBAL), tenants (B, m, N_TENANT), mask (B, m)) of a batch of tenant-set vectors."""
-    b = x.shape[0]
-    glob = x[:, :N_GLOBAL]
-    ten = x[:, N_GLOBAL : N_GLOBAL + m * N_TENANT].reshape(b, m, N_TENANT)
-    mask = x[:, N_GLOBAL + m * N_TENANT :]
-    return glob, ten, mask
-
-
 class SetExtractor(nn.Module):
     """φ, the pooling, ψ's hidden layer and ρ's: ``forward`` gives (actor latent, critic latent)."""
 
@@ -64,15 +56,21 @@ class SetExtractor(nn.Module):
         self.latent_dim_vf = hidden
 
     def _context(self, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-        glob, ten, mask = _split(x, self.m)
-        zg = torch.log1p(glob.clamp(min=0.0))
-        zt = torch.log1p(ten.clamp(min=0.0))
-        e = self.phi(torch.cat([zt, zg.unsqueeze(1).expand(-1, self.m, -1)], dim=-1))  # (B, m, h)
+        b, m = x.shape[0], self.m
+        z = torch.log1p(x.clamp(min=0.0))  # every feature at once (the mask's share is not read)
+        zg = z[:, :N_GLOBAL]
+        zt = z[:, N_GLOBAL : N_GLOBAL + m * N_TENANT].reshape(b, m, N_TENANT)
+        mask = x[:, N_GLOBAL + m * N_TENANT :]
+        # φ's first layer on [z_tenant_i, z_global], the globals' share once per row (as ψ's context below)
+        first = self.phi[0]
+        assert isinstance(first, nn.Linear)
+        w0 = first.weight
+        pre = F.linear(zt, w0[:, :N_TENANT]) + F.linear(zg, w0[:, N_TENANT:], first.bias).unsqueeze(1)
+        e = self.phi[3](self.phi[2](self.phi[1](pre)))  # (B, m, h)
         w = mask.unsqueeze(-1)
         count = w.sum(dim=1)
         mean = (e * w).sum(dim=1) / count.clamp(min=1.0)
-        big = torch.finfo(e.dtype).max
-        mx = torch.where(w > 0, e, torch.full_like(e, -big)).amax(dim=1)
+        mx = e.masked_fill(w == 0, -torch.finfo(e.dtype).max).amax(dim=1)
         mx = torch.where(count > 0, mx, torch.zeros_like(mx))  # no real tenant (never in an env): a zero pool
         return torch.cat([mean, mx], dim=-1), e, zg, mask
 
