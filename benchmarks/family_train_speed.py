@@ -84,7 +84,7 @@ def child(config: str, sets: list[str], steps: int) -> dict[str, Any]:
         done = int(model.num_timesteps) - per_rollout
     finally:
         venv.close()
-    return {"tree": str(Path(admit.__file__).resolve().parent), "steps": done, "wall_s": wall,
+    return {"tree": str(Path(admit.train.config.__file__).resolve().parents[1]), "steps": done, "wall_s": wall,
             "steps_per_s": done / wall, "rollout_s": phases.rollout, "update_s": phases.update,
             "trainer_cpu_s": time.process_time() - c0}
 

@@ -150,7 +150,7 @@ class TrainConfig(_Model):
     algo: Algo = "ppo"
     scenario: str = "seed-paper"
     timesteps: int = Field(default=100_000, ge=1)
-    n_envs: int = Field(default=4, ge=1, le=64)
+    n_envs: int = Field(default=4, ge=1, le=256)
     seed: int = Field(default=0, ge=0, le=1_000_000)
     vec_env: Literal["dummy", "subproc", "block"] = "dummy"
     vec_workers: int = Field(
