@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -86,7 +87,8 @@ def child(config: str, sets: list[str], steps: int) -> dict[str, Any]:
         venv.close()
     return {"tree": str(Path(admit.train.config.__file__).resolve().parents[1]), "steps": done, "wall_s": wall,
             "steps_per_s": done / wall, "rollout_s": phases.rollout, "update_s": phases.update,
-            "trainer_cpu_s": time.process_time() - c0}
+            "trainer_cpu_s": time.process_time() - c0,
+            "trainer_max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}
 
 
 def _parse_recipe(text: str) -> tuple[str, str, list[str]]:
@@ -158,11 +160,11 @@ def main() -> None:
                       f"{res['rollout_s']:5.2f} s  update {res['update_s']:5.2f} s", flush=True)
             print(f"round {r + 1}: load {load0} -> {_load()}", flush=True)
     print(f"\nmedian of {args.repeat} rounds (range in brackets), per {args.steps} env steps; load {_load()}")
-    print("| recipe, tree | env steps/s | rollout s | update s |")
-    print("|---|---|---|---|")
+    print("| recipe, tree | env steps/s | rollout s | update s | trainer's peak RSS MB |")
+    print("|---|---|---|---|---|")
     for name, res in rows.items():
         cells = [_spread([x[key] for x in res], f) for key, f in (("steps_per_s", ",.0f"), ("rollout_s", ".2f"),
-                                                                   ("update_s", ".2f"))]
+                                                                   ("update_s", ".2f"), ("trainer_max_rss_mb", ",.0f"))]
         print(f"| {name} | {' | '.join(cells)} |")
 
 
