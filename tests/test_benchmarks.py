@@ -32,3 +32,22 @@ def test_simpy_peer_serves_the_same_requests_as_admit_seed_by_seed(simpy_peer, p
         for metric in ("throughput_rps", "p99_s", "p50_s", "dropped"):
             assert peer[metric] == pytest.approx(ours[metric], rel=1e-9, abs=1e-12), (policy, seed, metric)
     assert ours["dropped"] > 0 or policy == "static"  # the heuristics shed load: the gate and timeouts matter
+
+
+def test_family_train_speed_measures_the_steps_it_was_asked_for_and_splits_them() -> None:
+    """One measurement of benchmarks/family_train_speed.py on a tiny family recipe: the steps timed are the
+    steps asked for (whole rollouts), and the rollout and update phases account for the wall time."""
+    import json
+    import subprocess
+
+    sets = ["n_envs=2", "hyperparams.n_steps=16", "hyperparams.batch_size=16", "hyperparams.n_epochs=1",
+            "policy.hidden=8", "vec_env=dummy", "update_threads=2"]
+    arg = json.dumps(["train/configs/ppo-general-fast.yaml", sets, 64])
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "family_train_speed.py"), "--child", arg],
+                         cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600, check=True)
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    assert res["steps"] == 64 and res["steps_per_s"] == pytest.approx(64 / res["wall_s"])
+    assert 0 < res["rollout_s"] and 0 < res["update_s"]
+    phases = res["rollout_s"] + res["update_s"]
+    assert 0.7 * res["wall_s"] <= phases <= res["wall_s"] + 1e-6  # learn's own set-up is the rest
+    assert res["trainer_max_rss_mb"] > 50
