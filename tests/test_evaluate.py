@@ -414,7 +414,8 @@ def test_results_report_on_any_scenario_load_scenario_accepts(monkeypatch, tmp_p
     (res / "mixed-short.png").unlink()
     monkeypatch.setattr(results, "evaluate", None)  # would fail if called
     again = results.build(2, [str(path)], 1, out, render_only=True)
-    assert again == text and (res / "mixed-short.png").exists()
+    note = re.search(r", re-rendered by `[^`]*--render-only`", again)
+    assert note is not None and again.replace(note.group(0), "") == text and (res / "mixed-short.png").exists()
     with pytest.raises(ValueError, match="has 2 seeds, not the 3"):
         results.build(3, [str(path)], 1, out, render_only=True)
 
@@ -456,6 +457,10 @@ def test_results_rerun_replaces_only_the_named_rows_and_refuses_a_changed_world(
     assert after["policies"]["robust"] == before["policies"]["robust"]  # deterministic: the same figures again
     assert [r["policies"] for r in after["reruns"]] == [["robust"]]
     assert "--rerun robust`" in text and "robust re-run " in text
+    monkeypatch.setattr(results, "evaluate", None)  # a re-rendering runs nothing and still names the re-run
+    rendered = results.build(2, [str(path)], 1, out, render_only=True)
+    assert "--rerun robust`, re-rendered by `" in rendered
+    monkeypatch.setattr(results, "evaluate", spy)
     assert results.rerun_matches("ppo:h200-mixed", ["ppo:"]) and not results.rerun_matches("ppo", ["ppo:"])
     # a world that changed since (here: the stored baseline figures differ) keeps nothing
     after["policies"]["static"]["goodput_rps"]["values"][0] += 1.0
