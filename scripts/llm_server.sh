@@ -26,6 +26,10 @@ BUILD_ENV=(LLAMA_CPP_BUILD_JOBS=2
 
 die() { echo "llm_server: $*" >&2; exit 1; }
 
+# shellcheck source=scripts/server_common.sh
+source scripts/server_common.sh
+HEALTH_TIMEOUT_S=${LLM_HEALTH_TIMEOUT_S:-180}
+
 installed() { # NAME VERSION
   "$PY" - "$1" "$2" <<'EOF'
 import sys
@@ -67,9 +71,6 @@ print(get_binary_path(), models[0])
 EOF
 }
 
-free_port() {
-  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
 
 server_cmd() { # fills SERVER_CMD and URL
   local located binary model port
@@ -82,20 +83,6 @@ server_cmd() { # fills SERVER_CMD and URL
     --threads "${LLM_THREADS:-2}" --ctx-size 4096 --no-webui)
 }
 
-wait_healthy() { # PID LOG
-  local deadline=$((SECONDS + ${LLM_HEALTH_TIMEOUT_S:-180}))
-  until curl -fsS -o /dev/null "${URL%/v1}/health" 2>/dev/null; do
-    if ! kill -0 "$1" 2>/dev/null; then
-      tail -n 30 "$2" >&2
-      die "the server exited before it became healthy (log above)"
-    fi
-    if ((SECONDS >= deadline)); then
-      tail -n 30 "$2" >&2
-      die "the server was not healthy within ${LLM_HEALTH_TIMEOUT_S:-180} s (log above)"
-    fi
-    sleep 0.5
-  done
-}
 
 case "${1:-}" in
   install)
@@ -112,17 +99,8 @@ case "${1:-}" in
     [ $# -gt 0 ] || die "usage: $0 run CMD [ARGS...]"
     install
     server_cmd
-    log=$(mktemp -t admit-llm-server.XXXXXX.log)
-    "${SERVER_CMD[@]}" >"$log" 2>&1 &
-    pid=$!
-    trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -f "$log"' EXIT
-    wait_healthy "$pid" "$log"
-    echo "llm_server: SmolLM2-135M-Instruct is up at $URL (ADMIT_LLM_URL)" >&2
-    set +e
-    ADMIT_LLM_URL="$URL" "$@"
-    status=$?
-    set -e
-    kill -0 "$pid" 2>/dev/null || { tail -n 30 "$log" >&2; die "the server died while CMD ran (log above)"; }
+    status=0
+    run_beside_server ADMIT_LLM_URL "$@" || status=$?
     exit "$status"
     ;;
   *)

@@ -26,6 +26,10 @@ NAME=smollm2-135m-instruct
 
 die() { echo "vllm_server: $*" >&2; exit 1; }
 
+# shellcheck source=scripts/server_common.sh
+source scripts/server_common.sh
+HEALTH_TIMEOUT_S=${VLLM_HEALTH_TIMEOUT_S:-300}
+
 install() {
   if [ ! -x "$PY" ]; then
     python3.11 -m venv "$VENV" || die "could not create the venv $VENV (python3.11 -m venv)"
@@ -45,9 +49,6 @@ install() {
   fi
 }
 
-free_port() {
-  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
-}
 
 server_cmd() { # fills SERVER_CMD and URL
   local port
@@ -61,20 +62,6 @@ server_cmd() { # fills SERVER_CMD and URL
     --max-num-seqs "${VLLM_MAX_NUM_SEQS:-8}" --enforce-eager ${VLLM_EXTRA_ARGS:-})
 }
 
-wait_healthy() { # PID LOG
-  local deadline=$((SECONDS + ${VLLM_HEALTH_TIMEOUT_S:-300}))
-  until curl -fsS -o /dev/null "${URL%/v1}/health" 2>/dev/null; do
-    if ! kill -0 "$1" 2>/dev/null; then
-      tail -n 40 "$2" >&2
-      die "the server exited before it became healthy (log above)"
-    fi
-    if ((SECONDS >= deadline)); then
-      tail -n 40 "$2" >&2
-      die "the server was not healthy within ${VLLM_HEALTH_TIMEOUT_S:-300} s (log above)"
-    fi
-    sleep 0.5
-  done
-}
 
 case "${1:-}" in
   install)
@@ -91,18 +78,8 @@ case "${1:-}" in
     [ $# -gt 0 ] || die "usage: $0 run CMD [ARGS...]"
     install
     server_cmd
-    log=$(mktemp -t admit-vllm-server.XXXXXX.log)
-    # its own process group: an API server, an engine core and a worker; stopping the group stops all three
-    setsid "${SERVER_CMD[@]}" >"$log" 2>&1 &
-    pid=$!
-    trap 'kill -- -"$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -f "$log"' EXIT
-    wait_healthy "$pid" "$log"
-    echo "vllm_server: $NAME is up at $URL (ADMIT_VLLM_URL)" >&2
-    set +e
-    ADMIT_VLLM_URL="$URL" "$@"
-    status=$?
-    set -e
-    kill -0 "$pid" 2>/dev/null || { tail -n 40 "$log" >&2; die "the server died while CMD ran (log above)"; }
+    status=0
+    run_beside_server ADMIT_VLLM_URL "$@" || status=$?
     exit "$status"
     ;;
   *)

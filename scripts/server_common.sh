@@ -1,0 +1,41 @@
+# Shared by scripts/llm_server.sh and scripts/vllm_server.sh (sourced, not run): a free port, waiting for
+# /health, and running a command beside a background server. The caller defines die() and sets PY (a python),
+# SERVER_CMD (an array), URL (the server's /v1 base URL) and HEALTH_TIMEOUT_S.
+
+free_port() {
+  "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
+}
+
+wait_healthy() { # PID LOG
+  local deadline=$((SECONDS + HEALTH_TIMEOUT_S))
+  until curl -fsS -o /dev/null "${URL%/v1}/health" 2>/dev/null; do
+    if ! kill -0 "$1" 2>/dev/null; then
+      tail -n 40 "$2" >&2
+      die "the server exited before it became healthy (log above)"
+    fi
+    if ((SECONDS >= deadline)); then
+      tail -n 40 "$2" >&2
+      die "the server was not healthy within $HEALTH_TIMEOUT_S s (log above)"
+    fi
+    sleep 0.5
+  done
+}
+
+run_beside_server() { # URL_VAR CMD [ARGS...]: start SERVER_CMD, wait for /health, run CMD with URL_VAR=$URL
+  local var=$1 log status
+  shift
+  log=$(mktemp -t admit-server.XXXXXX.log)
+  # its own process group (vLLM runs an API server, an engine core and a worker): stopping it stops them all
+  setsid "${SERVER_CMD[@]}" >"$log" 2>&1 &
+  SERVER_PID=$!
+  SERVER_LOG=$log
+  trap 'kill -- -"$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; rm -f "$SERVER_LOG"' EXIT
+  wait_healthy "$SERVER_PID" "$log"
+  echo "$(basename "$0" .sh): up at $URL ($var)" >&2
+  set +e
+  env "$var=$URL" "$@"
+  status=$?
+  set -e
+  kill -0 "$SERVER_PID" 2>/dev/null || { tail -n 40 "$log" >&2; die "the server died while CMD ran (log above)"; }
+  return "$status"
+}
