@@ -68,6 +68,8 @@ _COMPLETIONS = {"/v1/completions": False, "/v1/chat/completions": True}
 _USAGE_KEY = b'"usage"'
 _STREAM_END = b"data: [DONE]"
 _MAX_KEEP = 1 << 20  # bytes of a non-streamed answer kept to read its usage
+# a 200 stream whose first event is an error: vLLM's refusal (code 503) once the stream has begun (_forward)
+_ERROR_EVENT = b'data: {"error"'
 
 
 @dataclass(slots=True)
@@ -471,12 +473,20 @@ class Gateway:
             await self._fail(send, rec, HttpError(504, "backend-timeout", str(exc)))
             return True
         rec.status = resp.status
+        if resp.status == 503:  # the engine's own admission refused it (vLLM's --max-num-queued-reqs/-tokens)
+            return await self._busy(send, resp, rec)
         ok = True
         try:
             headers = [(k, v) for k, v in resp.headers if k not in _HOP]
             if not rec.stream and resp.length is not None and resp.length <= _MAX_KEEP:
                 ok = await self._whole(send, resp, headers, rec)  # one write instead of a chunked stream
                 return True
+            chunk = await resp.next_chunk()
+            if rec.stream and resp.status == 200 and chunk.startswith(_ERROR_EVENT) and _event_code(chunk) == 503:
+                # vLLM checks its admission cap again once the stream's 200 is written and then streams the
+                # refusal as the only event; the status line waited for it, so the client gets a real 503
+                ok = False
+                return await self._busy(send, resp, rec, chunk)
             rec.started = True
             await send({"type": "http.response.start", "status": resp.status, "headers": headers})
             usage: dict[str, Any] | None = None
@@ -485,7 +495,7 @@ class Gateway:
             last = b""
             # a stream's events so far, kept on the record: its footprint in the live Observation meanwhile
             rec.output_tokens = 0
-            while chunk := await resp.next_chunk():
+            while chunk:
                 if rec.ttft_s is None:
                     rec.ttft_s = self.clock() - rec.t0
                 if kept is None:
@@ -503,6 +513,7 @@ class Gateway:
                     # (a chunked stream's terminator can come in a later read): the request is done here
                     self._end_stream(rec, resp.status, usage)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
+                chunk = await resp.next_chunk()
             if kept:
                 usage = _body_usage(kept[0] if len(kept) == 1 else b"".join(kept))
                 self._end_stream(rec, resp.status, usage)
@@ -511,6 +522,10 @@ class Gateway:
             await send({"type": "http.response.body", "body": last, "more_body": False})
         except BackendBroken as exc:
             ok = False
+            if not rec.started:  # broke off before its first byte: nothing was sent, the client gets a 502
+                log.warning("backend answer of tenant %s broke: %s", rec.tenant, exc)
+                await self._fail(send, rec, HttpError(502, "backend-broken", "the backend broke off its answer"))
+                return True
             rec.outcome = "backend-broken"
             rec.finished = True
             log.warning("backend stream of tenant %s broke: %s", rec.tenant, exc)
@@ -522,6 +537,25 @@ class Gateway:
             else:  # broken, or cancelled because the client left: drop the connection, the backend stops
                 resp.close()
         return True
+
+    async def _busy(self, send: Send, resp: Response, rec: Record, event: bytes = b"") -> bool:
+        """The backend refused the request with 503, its own admission full (vLLM: "The engine is currently
+        busy...", no Retry-After), as a status or as a stream's only ``event``. The client gets the gateway's
+        503 ``backend-busy`` with the backend's message and a Retry-After, the request counts as a rejection in
+        the live telemetry, and its envelope charge is refunded (False: nothing ran)."""
+        if event:  # the rest is "data: [DONE]"; _forward closes the connection
+            body = event.removeprefix(b"data: ").split(b"\n", 1)[0]
+        else:
+            try:
+                body = await resp.read()
+                resp.release()
+            except BackendBroken:
+                resp.close()
+                body = b""
+        message = _error_message(body) or "the backend answered 503"
+        await self._fail(send, rec, HttpError(503, "backend-busy", f"the backend is busy: {message}",
+                                              self.cfg.backend_busy_retry_after_s))
+        return False
 
     def _end_stream(self, rec: Record, status: int, usage: dict[str, Any] | None) -> None:
         """A proxied answer is complete: its token figures (the backend's usage, else the events counted:
@@ -693,6 +727,30 @@ def _stream_usage(chunk: bytes) -> dict[str, Any] | None:
                 if isinstance(got, dict) and isinstance(got.get("usage"), dict):
                     return got["usage"]
     return None
+
+
+def _event_code(event: bytes) -> int | None:
+    """The ``code`` of a stream's error event ``data: {"error": {..., "code": 503}}`` (None if it has none)."""
+    with contextlib.suppress(ValueError, UnicodeDecodeError):
+        got = json.loads(event.removeprefix(b"data: ").split(b"\n", 1)[0])
+        err = got.get("error") if isinstance(got, dict) else None
+        code = err.get("code") if isinstance(err, dict) else None
+        if isinstance(code, int):
+            return code
+    return None
+
+
+def _error_message(body: bytes) -> str:
+    """The message of an OpenAI-style error body (``{"error": {"message": ...}}`` or ``{"message": ...}``), cut
+    to 300 characters; empty when there is none."""
+    with contextlib.suppress(ValueError, UnicodeDecodeError):
+        got = json.loads(body)
+        if isinstance(got, dict):
+            inner = got.get("error")
+            msg = inner.get("message") if isinstance(inner, dict) else got.get("message")
+            if isinstance(msg, str):
+                return msg[:300]
+    return ""
 
 
 def _body_usage(body: bytes) -> dict[str, Any] | None:

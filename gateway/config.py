@@ -234,6 +234,8 @@ class GatewayConfig(_Strict):
     default_output_tokens: int = Field(default=256, ge=1, le=1_000_000)
     backend_timeout_s: float = Field(default=600.0, gt=0)
     no_backend_retry_after_s: float = Field(default=1.0, ge=0)
+    # Retry-After when the backend's own admission answers 503 (vLLM --max-num-queued-reqs): `backend-busy`
+    backend_busy_retry_after_s: float = Field(default=1.0, ge=0)
     request_log: Path | None = None
     # lines a second (burst 10x) for requests that name no tenant (401s, 404s); the rest are counted only
     unauthenticated_log_per_s: float = Field(default=10.0, ge=0, le=1e6)

@@ -5,7 +5,8 @@ Three sources:
 * **the gateway's own per-tenant windows** — `TenantWindows` fed with the simulator's four events from the
   gateway's request outcomes: an *arrival* when a parsed request of a known tenant is offered to admission,
   a *completion* (e2e, TTFT = arrival to the answer's first byte, queue wait) when it ends ``ok``, a
-  *drop* on ``ttl-expired`` and a *rejection* on ``queue-full`` or ``envelope-empty``. Backend failures and
+  *drop* on ``ttl-expired`` and a *rejection* on ``queue-full``, ``envelope-empty`` or ``backend-busy`` (the
+  backend's own admission refused it, e.g. vLLM's ``--max-num-queued-reqs``). Other backend failures and
   clients that leave are none of these (the simulator has no such events) and do not enter the windows.
 * **the backend's /metrics** (vLLM, or the emulator that mimics it), scraped every ``scrape_interval_s`` and
   parsed with prometheus_client's parser: ``vllm:kv_cache_usage_perc`` → ``gpu_mem_util`` (the token
@@ -57,7 +58,7 @@ RUNNING = "vllm:num_requests_running"
 WAITING = "vllm:num_requests_waiting"
 TTFT = "vllm:time_to_first_token_seconds"
 
-REJECTIONS = frozenset({"queue-full", "envelope-empty"})
+REJECTIONS = frozenset({"queue-full", "envelope-empty", "backend-busy"})
 DROPS = frozenset({"ttl-expired"})
 
 

@@ -84,26 +84,4 @@ server_cmd() { # fills SERVER_CMD and URL
 }
 
 
-case "${1:-}" in
-  install)
-    install
-    ;;
-  serve)
-    install
-    server_cmd
-    echo "llm_server: serving SmolLM2-135M-Instruct at $URL" >&2
-    exec "${SERVER_CMD[@]}"
-    ;;
-  run)
-    shift
-    [ $# -gt 0 ] || die "usage: $0 run CMD [ARGS...]"
-    install
-    server_cmd
-    status=0
-    run_beside_server ADMIT_LLM_URL "$@" || status=$?
-    exit "$status"
-    ;;
-  *)
-    die "usage: $0 install | serve | run CMD [ARGS...]"
-    ;;
-esac
+server_main ADMIT_LLM_URL SmolLM2-135M-Instruct "$@"

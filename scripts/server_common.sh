@@ -1,6 +1,7 @@
 # Shared by scripts/llm_server.sh and scripts/vllm_server.sh (sourced, not run): a free port, waiting for
-# /health, and running a command beside a background server. The caller defines die() and sets PY (a python),
-# SERVER_CMD (an array), URL (the server's /v1 base URL) and HEALTH_TIMEOUT_S.
+# /health, running a command beside a background server, and the install | serve | run verbs. The caller
+# defines die(), install() and server_cmd() (which fills SERVER_CMD, an array, and URL, the server's /v1 base
+# URL) and sets PY (a python) and HEALTH_TIMEOUT_S.
 
 free_port() {
   "$PY" -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1]); s.close()'
@@ -38,4 +39,31 @@ run_beside_server() { # URL_VAR CMD [ARGS...]: start SERVER_CMD, wait for /healt
   set -e
   kill -0 "$SERVER_PID" 2>/dev/null || { tail -n 40 "$log" >&2; die "the server died while CMD ran (log above)"; }
   return "$status"
+}
+
+server_main() { # URL_VAR WHAT VERB [ARGS...]: the scripts' command line (WHAT names the model in `serve`)
+  local var=$1 what=$2 status=0
+  shift 2
+  case "${1:-}" in
+    install)
+      install
+      ;;
+    serve)
+      install
+      server_cmd
+      echo "$(basename "$0" .sh): serving $what at $URL" >&2
+      exec "${SERVER_CMD[@]}"
+      ;;
+    run)
+      shift
+      [ $# -gt 0 ] || die "usage: $0 run CMD [ARGS...]"
+      install
+      server_cmd
+      run_beside_server "$var" "$@" || status=$?
+      exit "$status"
+      ;;
+    *)
+      die "usage: $0 install | serve | run CMD [ARGS...]"
+      ;;
+  esac
 }

