@@ -228,7 +228,8 @@ class EngineLoop:
             live.reason,
             FinishedTimes(ttft=first - arrival, e2e=done - arrival, queue=sched - arrival, prefill=first - sched,
                           decode=done - first, inference=done - sched, prompt_tokens=r.prompt_tokens,
-                          generation_tokens=r.generated, max_tokens=live.max_tokens),
+                          generation_tokens=r.generated, max_tokens=live.max_tokens,
+                          preemptions=r.preemptions),
         )  # fmt: skip
         self.records.append(Record(r.rid, r.prompt_tokens, r.generated, r.preemptions, arrival, sched, first, done))
         live.sink.on_finish(live.reason, r.generated)

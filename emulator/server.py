@@ -25,7 +25,7 @@ from admit.emulator.config import EmulatorConfig
 from admit.emulator.engine_loop import EngineLoop
 from admit.emulator.faults import FaultError, Faults
 from admit.emulator.http import Connection, HttpRequest
-from admit.emulator.metrics import VllmMetrics
+from admit.emulator.metrics import VllmMetrics, cache_config_labels
 from admit.emulator.protocol import ApiError, GenParams, parse_generation, parse_json
 from admit.emulator.responses import AnswerFormat
 from prometheus_client import CONTENT_TYPE_LATEST
@@ -87,14 +87,8 @@ class EmulatorApp:
         self.faults = Faults()
         self.rng = np.random.default_rng(config.seed)
         e = self.engine
-        cache_info = {
-            "block_size": str(e.block_size),
-            "cache_dtype": "auto",
-            "enable_prefix_caching": "False",
-            "gpu_memory_utilization": str(e.preset.gpu_memory_utilization),
-            "num_cpu_blocks": "None",
-            "num_gpu_blocks": str(e.num_gpu_blocks),
-        }
+        cache_info = cache_config_labels(e.block_size, e.num_gpu_blocks, e.preset.gpu_memory_utilization,
+                                         self.max_model_len, config.num_gpu_blocks)
         self.metrics = VllmMetrics(self.model, self.max_model_len, cache_info)
         self.loop = EngineLoop(e, self.clock, self.metrics, self.wall)
         self._ready_at = self.wall()
@@ -166,7 +160,7 @@ class EmulatorApp:
             raise ApiError(f.error_status, f"injected fault: HTTP {f.error_status}")
         out, reason = self._output_length(params)
         rid = self.loop.next_id()
-        fmt = AnswerFormat(params, rid, int(time.time()))
+        fmt = AnswerFormat(params, rid, int(time.time()), out, reason)
         sink = StreamSink(conn, fmt) if params.stream else WholeSink(conn, fmt)
         try:
             engine_req = self.loop.submit(rid, params.prompt_tokens, out, reason, params.max_tokens, sink)

@@ -54,7 +54,9 @@ def test_names_labels_and_buckets_are_vllm_v1s(emu: Emulator) -> None:
         assert name in m, name
         for s in m[name]:
             assert {k: s.labels[k] for k in LABELS} == LABELS, (name, s.labels)
-    assert {s.labels["finished_reason"] for s in m["vllm:request_success_total"]} == {"stop", "length", "abort"}
+    # every vLLM finish reason is a series, the two the emulator never ends a request with too
+    assert {s.labels["finished_reason"] for s in m["vllm:request_success_total"]} == {"stop", "length", "abort",
+                                                                                    "error", "repetition"}
     assert _buckets(m, "vllm:time_to_first_token_seconds") == TTFT
     for h in ("vllm:inter_token_latency_seconds", "vllm:request_time_per_output_token_seconds"):
         assert _buckets(m, h) == TOKEN_LAT
@@ -68,6 +70,11 @@ def test_names_labels_and_buckets_are_vllm_v1s(emu: Emulator) -> None:
     (info,) = m["vllm:cache_config_info"]
     assert info.value == 1 and info.labels["engine"] == "0" and info.labels["block_size"] == "16"
     assert int(info.labels["num_gpu_blocks"]) > 50_000  # the H200 preset's KV cache
+    tokens = int(info.labels["num_gpu_blocks"]) * 16
+    assert info.labels["kv_cache_size_tokens"] == str(tokens)
+    assert float(info.labels["kv_cache_max_concurrency"]) == tokens / 2048  # KV tokens / max_model_len, as vLLM
+    assert {s.labels["sleep_state"]: s.value for s in m["vllm:engine_sleep_state"]} == {
+        "awake": 1, "weights_offloaded": 0, "discard_all": 0}
 
 
 def test_counts_and_token_totals_match_the_requests(emu: Emulator) -> None:
@@ -95,6 +102,11 @@ def test_counts_and_token_totals_match_the_requests(emu: Emulator) -> None:
     assert delta("vllm:request_generation_tokens_sum") == gen
     assert delta("vllm:prompt_tokens_total") == prompt
     assert delta("vllm:generation_tokens_total") == gen
+    # no prefix cache, no KV transfer: every prompt token is computed here, once per request
+    assert delta("vllm:prompt_tokens_by_source_total", source="local_compute") == prompt
+    assert delta("vllm:prompt_tokens_by_source_total", source="local_cache_hit") == 0
+    assert delta("vllm:request_prefill_kv_computed_tokens_sum") == prompt
+    assert delta("vllm:request_num_preemptions_count") == n
     # each token but a request's last is computed in exactly one step (no preemption here)
     assert delta("vllm:num_preemptions_total") == 0
     assert delta("vllm:iteration_tokens_total_sum") == prompt + gen - n
@@ -122,6 +134,8 @@ def test_running_plus_waiting_equals_requests_in_the_engine(emu: Emulator) -> No
         m = emu.metrics()  # one scrape: every gauge below describes the same instant
         running, waiting = m["vllm:num_requests_running"][0].value, m["vllm:num_requests_waiting"][0].value
         assert running + waiting == 5
+        by_reason = {s.labels["reason"]: s.value for s in m["vllm:num_requests_waiting_by_reason"]}
+        assert by_reason == {"capacity": waiting, "deferred": 0}
         # the first arrival started a step that cannot end while paused (others read in the same loop turn
         # may have joined it); the rest wait for its end
         assert running >= 1
@@ -159,6 +173,7 @@ def tiny() -> Iterator[Emulator]:
 def _pair(emu: Emulator, output: int) -> float:
     """Two identical requests admitted together (the engine is paused until both arrived)."""
     before = emu.value("vllm:num_preemptions_total")
+    per_request_before = emu.value("vllm:request_num_preemptions_sum")
     emu.json("POST", "/admin/faults", {"paused": True})
     try:
         with ThreadPoolExecutor(2) as pool:
@@ -168,9 +183,12 @@ def _pair(emu: Emulator, output: int) -> float:
             bodies = [f.result() for f in futs]
     finally:
         emu.json("POST", "/admin/faults", {"paused": False})
-    assert all(b["usage"] == {"prompt_tokens": 20, "completion_tokens": output, "total_tokens": 20 + output}
-               for b in bodies)  # fmt: skip
-    return emu.value("vllm:num_preemptions_total") - before
+    counts = ("prompt_tokens", "completion_tokens", "total_tokens")
+    assert all([b["usage"][k] for k in counts] == [20, output, 20 + output] for b in bodies)
+    preempted = emu.value("vllm:num_preemptions_total") - before
+    # both finished: the per-request histogram holds every preemption of the engine's counter
+    assert emu.value("vllm:request_num_preemptions_sum") - per_request_before == preempted
+    return preempted
 
 
 def test_no_preemption_while_blocks_suffice(tiny: Emulator) -> None:

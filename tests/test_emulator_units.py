@@ -1,12 +1,15 @@
-"""The emulator's pure pieces: the fault-bent clock, token estimates, vLLM's bucket helpers."""
+"""The emulator's pure pieces: the fault-bent clock, token estimates, vLLM's bucket helpers, the answers' bytes."""
 
 from __future__ import annotations
 
+import json
 import math
 
 import pytest
 from admit.emulator.clock import VirtualClock
 from admit.emulator.histogram import Hist, buckets_1_2_5
+from admit.emulator.protocol import GenParams
+from admit.emulator.responses import AnswerFormat
 from admit.emulator.tokens import estimate_chat_tokens, estimate_prompt_tokens, estimate_text_tokens
 
 
@@ -61,3 +64,48 @@ def test_bucket_helpers() -> None:
     assert (h.count, h.sum) == (8, 12.5)
     with pytest.raises(ValueError):
         Hist((2.0, 1.0))
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = b""
+    while data:
+        size, _, rest = data.partition(b"\r\n")
+        n = int(size, 16)
+        out, data = out + rest[:n], rest[n + 2 :]
+    return out
+
+
+def _stream(chat: bool, output: int, writes: list[int]) -> list[dict]:
+    """The events of one answer of ``output`` planned tokens, written ``writes[i]`` at a time (the engine loop
+    batches tokens when it falls behind), then finished after ``sum(writes)`` tokens."""
+    params = GenParams(chat, "m", 5, output, True, True, True)
+    fmt = AnswerFormat(params, 7, 0, output, "length")
+    raw, first = b"", 0
+    for n in writes:
+        raw += fmt.token_events(first, n)
+        first += n
+    raw += fmt.final_events("length", first)
+    assert raw.endswith(b"0\r\n\r\n")
+    evs = _dechunk(raw[:-5]).decode().split("\n\n")
+    assert evs[-2:] == ["data: [DONE]", ""]
+    return [json.loads(e.removeprefix("data: ")) for e in evs[:-2]]
+
+
+@pytest.mark.parametrize("chat", [True, False])
+def test_the_last_token_event_carries_the_finish_reason_however_tokens_are_batched(chat: bool) -> None:
+    one_by_one = _stream(chat, 6, [1] * 6)
+    assert _stream(chat, 6, [1, 3, 2]) == one_by_one == _stream(chat, 6, [6])
+    *answer, last = one_by_one
+    assert last["choices"] == [] and last["usage"]["completion_tokens"] == 6
+    if chat:
+        role, *answer = answer
+        assert role["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert len(answer) == 6
+    assert [e["choices"][0]["finish_reason"] for e in answer] == [None] * 5 + ["length"]
+    assert ["stop_reason" in e["choices"][0] for e in answer] == [not chat] * 5 + [True]
+    assert len(_stream(chat, 1, [1])) == 2 + chat  # (role,) the one token with the finish, usage
+    # should the engine end an answer before its planned last token, an empty event still carries the finish
+    *short, _ = _stream(chat, 6, [1, 4])
+    assert short[-1]["choices"][0]["finish_reason"] == "length"
+    assert short[-1]["choices"][0]["delta" if chat else "text"] == ({"content": ""} if chat else "")
+    assert [e["choices"][0]["finish_reason"] for e in short[:-1]] == [None] * len(short[:-1])
