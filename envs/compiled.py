@@ -111,6 +111,7 @@ class CompiledSimulation:
                                                         sm.prefill_attn_s_per_pair)
             # as StepTimeModel.dense: floor ** knee and 1 / knee, computed once
             ef[K.F_FLOOR_Q], ef[K.F_INV_Q] = sm.dense_floor_s**sm.dense_knee, 1.0 / sm.dense_knee
+            ef[K.F_FRONT] = p.frontend_delay_s
             running, block_size = min(N, mns) + 1, p.block_size
             dense = _dense_table(sm, mnbt)  # dense-layer time by token count, filled as steps need it
         self._E = (ri, rf, ei, ef,
@@ -123,7 +124,8 @@ class CompiledSimulation:
                    np.zeros((cap, 3), dtype=np.int64),  # plan
                    np.zeros(cap, dtype=np.int64),  # fin
                    np.zeros(cap, dtype=np.int64),  # scratch
-                   dense)
+                   dense,
+                   np.zeros(cap, dtype=np.int64))  # front
 
         # ---- admission queues and telemetry windows: one region per tenant in each flat array
         counts = np.bincount(tenant, minlength=n) if N else np.zeros(n, dtype=np.int64)

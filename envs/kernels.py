@@ -50,19 +50,21 @@ def inlined(fn: F) -> F:
 TEN, PROMPT, OUT, COMP, GEN, PRE, ORDER, SC, SBLK, SLOCK, RUN, WDEC = range(12)
 NRI = 12
 # ---- rf: per-request floats
-ARR, DISP, FSCHED, FTOK, FIN, QDL, QENQ, SFIN, USVC = range(9)
-NRF = 9  # SFIN, USVC: the slot engine's planned finish and the request's service draw
+ARR, DISP, FSCHED, FTOK, FIN, QDL, QENQ, SFIN, USVC, RDY = range(10)
+NRF = 10  # SFIN, USVC: the slot engine's planned finish and the request's service draw; RDY: when it leaves the
+# token engine's front end for the waiting queue
 # ---- ei: engine integer scalars
 (E_BS, E_MNBT, E_MNS, E_NGB, E_G, E_N, E_A, E_SUMQ, E_ORDER, E_BUSY, E_K, E_EXPL, E_NRUN, E_NPART, E_WHEAD,
  E_WLEN, E_HLEN, E_NCH, E_STEPTOK, E_NPRE, E_GENTOT, E_PROMPTTOT, E_PREFILL, E_NSTEPS, E_NFIN, E_WMASK,
- E_KIND, E_SLOTS, E_DET) = range(29)
-NEI = 29  # E_KIND: KIND_TOKEN or KIND_SLOT; E_SLOTS, E_DET: the slot engine's pool and deterministic flag
+ E_KIND, E_SLOTS, E_DET, E_FHEAD, E_FTAIL) = range(31)
+NEI = 31  # E_KIND: KIND_TOKEN or KIND_SLOT; E_SLOTS, E_DET: the slot engine's pool and deterministic flag;
+# E_FHEAD, E_FTAIL: the token engine's front end, ``front[head:tail]`` (E[14]; each request enters it once)
 KIND_TOKEN, KIND_SLOT = 0, 1
 # ---- ef: engine float scalars (the step in flight, then the step-time coefficients)
 (F_T0, F_END, F_BASE, F_SLOPE, F_OVER, F_FLOOR, F_PT, F_KNEE, F_PERSEQ, F_KV, F_PAIR, F_FLOOR_Q, F_INV_Q,
- F_MEAN) = range(14)
-NEF = 14  # F_FLOOR_Q = floor ** knee and F_INV_Q = 1 / knee, computed once (the same numbers every step);
-# F_MEAN: the slot engine's mean service time
+ F_MEAN, F_FRONT) = range(15)
+NEF = 15  # F_FLOOR_Q = floor ** knee and F_INV_Q = 1 / knee, computed once (the same numbers every step);
+# F_MEAN: the slot engine's mean service time; F_FRONT: the token engine's front-end delay
 # ---- ai: per-tenant admission state
 A_LIMIT, A_MAXQ, A_INFL, A_QH, A_QT, A_ADM, A_REJ, A_DROP = range(8)
 NAI = 8
@@ -312,6 +314,19 @@ def submit(E, r, now):
     ef = E[3]
     if math.isnan(rf[r, DISP]):
         rf[r, DISP] = now
+    if ef[F_FRONT] > 0:
+        rf[r, RDY] = now + ef[F_FRONT]
+        E[14][ei[E_FTAIL]] = r
+        ei[E_FTAIL] += 1
+    else:
+        _enter(E, r, now)
+
+
+@inlined
+def _enter(E, r, now):
+    """``TokenEngine._enter``."""
+    ei = E[2]
+    ef = E[3]
     _wait_append(E, r)
     if ei[E_BUSY]:
         advance_to(E, now)
@@ -681,6 +696,21 @@ def _end_step(E, now):
 
 @inlined
 def process_event(E, now):
+    """``TokenEngine.process_event``."""
+    ei = E[2]
+    if ei[E_FTAIL] == ei[E_FHEAD]:
+        return _step_event(E, now)
+    nfin = _step_event(E, now) if E[3][F_END] <= now else 0
+    front = E[14]
+    rf = E[1]
+    while ei[E_FTAIL] > ei[E_FHEAD] and rf[front[ei[E_FHEAD]], RDY] <= now:
+        _enter(E, front[ei[E_FHEAD]], now)
+        ei[E_FHEAD] += 1
+    return nfin
+
+
+@inlined
+def _step_event(E, now):
     ei = E[2]
     ef = E[3]
     if not ei[E_BUSY]:
@@ -803,6 +833,18 @@ def engine_submit(E, r, now):
         slot_submit(E, r, now)
     else:
         submit(E, r, now)
+
+
+@inlined
+def engine_next(E):
+    """``next_event_time``: the step's end, or sooner a request leaving the token engine's front end."""
+    ei = E[2]
+    te = E[3][F_END]
+    if ei[E_FTAIL] > ei[E_FHEAD]:
+        t = E[1][E[14][ei[E_FHEAD]], RDY]
+        if t < te:
+            return t
+    return te
 
 
 @inlined
@@ -1013,7 +1055,6 @@ def advance(E, S, arrivals, until):
     """``Simulation.advance``: run the world to ``until``."""
     ri = E[0]
     rf = E[1]
-    ef = E[3]
     fin = E[11]
     si = S[4]
     sf = S[5]
@@ -1022,7 +1063,7 @@ def advance(E, S, arrivals, until):
     inf = math.inf
     ta = arrivals[i] if i < n else inf
     while True:
-        te = ef[F_END]
+        te = engine_next(E)
         td = next_deadline(S, ri, rf)
         t = ta if ta < te else te
         if td < t:
@@ -1295,6 +1336,11 @@ def observe(E, S, out):
         out[at + 26] += ri[r, PROMPT] + ri[r, GEN]
         if math.isnan(rf[r, FTOK]):
             out[at + 25] += ri[r, PROMPT]
+    for j in range(ei[E_FHEAD], ei[E_FTAIL]):  # in the front end: the whole prompt is still to be computed
+        r = E[14][j]
+        at = base + ri[r, TEN] * N_TENANT
+        out[at + 26] += ri[r, PROMPT]
+        out[at + 25] += ri[r, PROMPT]
     if slot:
         out[0] = ei[E_HLEN] / ei[E_SLOTS]
         out[1] = float(ei[E_HLEN])

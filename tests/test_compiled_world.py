@@ -10,6 +10,7 @@ queues under low limits), many tenants (servegen-skewed, 8).
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import admit.envs  # noqa: F401  (registers the env ids)
 import gymnasium as gym
@@ -20,6 +21,8 @@ from admit.core.observation import Observation
 from admit.envs.compiled import CompiledSimulation, _rule_of, make_simulation
 from admit.envs.scenario import Scenario, load_scenario
 from admit.envs.simulation import Simulation
+
+CPU_DUO = Path(__file__).resolve().parents[1] / "live" / "scenarios" / "cpu-smollm2-duo.yaml"
 
 
 def _scenario(name: str, horizon_s: float, max_queue: int | None = None, **update: float) -> Scenario:
@@ -70,6 +73,7 @@ def _random_episode(name: str, seed: int, horizon_s: float, max_queue: int | Non
     ("h200-mix@11002", 1, 600.0, None),
     ("servegen-skewed", 1, 300.0, None),
     ("servegen-skewed", 2, 300.0, 3),
+    (str(CPU_DUO), 4, 300.0, None),  # the cpu-smollm2 preset: a front-end delay (preset.frontend_delay_s)
 ])
 def test_random_episode_is_bit_identical(name: str, seed: int, horizon_s: float, max_queue: int | None) -> None:
     py, cw, steps = _random_episode(name, seed, horizon_s, max_queue)

@@ -260,6 +260,64 @@ def test_sync_inside_a_macro_step_reports_the_steps_done() -> None:
     assert macro.running()[0].generated == step.running()[0].generated
 
 
+# ---------------------------------------------------------------- the front end
+@settings(max_examples=20, deadline=None)
+@given(
+    seed=st.integers(0, 10_000),
+    delay=st.sampled_from([0.0625, 0.069, 0.5]),
+    seqs=st.sampled_from([2, 64]),
+    blocks=st.sampled_from([40, 100_000]),
+    macro=st.booleans(),
+)
+def test_a_front_end_delay_is_submitting_that_much_later(seed: int, delay: float, seqs: int, blocks: int,
+                                                          macro: bool) -> None:
+    """With a front-end delay d every step, token and finish is where an engine without one puts them for
+    requests submitted d later, to the bit (preemptions, macro-steps cut by a request reaching the queue)."""
+    reqs = workload(seed, 50, 3.0, 400, 120)
+    late = copies(reqs)
+    for r in late:
+        r.arrival += delay
+    delayed = TokenEngine(H100, max_num_batched_tokens=512, max_num_seqs=seqs, num_gpu_blocks=blocks,
+                          macro_steps=macro, frontend_delay_s=delay)
+    plain = TokenEngine(H100, max_num_batched_tokens=512, max_num_seqs=seqs, num_gpu_blocks=blocks,
+                        macro_steps=macro)
+    a, b = copies(reqs), late
+    drive(delayed, a)
+    drive(plain, b)
+    assert (delayed.num_steps, delayed.num_preemptions, delayed.iteration_tokens) == (
+        plain.num_steps, plain.num_preemptions, plain.iteration_tokens)
+    for x, y in zip(a, b, strict=True):
+        assert (x.first_scheduled, x.first_token, x.finished, x.preemptions) == (
+            y.first_scheduled, y.first_token, y.finished, y.preemptions)
+        assert x.dispatched == x.arrival  # dispatched into the front end; in the queue d later
+
+
+def test_a_request_in_the_front_end_holds_nothing_and_can_be_aborted() -> None:
+    eng = TokenEngine(H100, frontend_delay_s=0.069)
+    a, b = Request(0, 1, 0.0, 300, 5, 0.5), Request(1, 0, 0.0, 40, 5, 0.5)
+    eng.submit(a, 0.0)
+    eng.submit(b, 0.01)
+    assert eng.next_event_time() == 0.069
+    # in the front end: not in vLLM's waiting gauge, no KV; its whole prompt is still to be computed
+    assert (eng.num_waiting, eng.num_running, eng.kv_blocks_used) == (0, 0, 0)
+    assert eng.tenant_tokens(2) == ([40.0, 300.0], [40.0, 300.0])
+    assert eng.abort(b, 0.02) and not eng.abort(b, 0.02)
+    assert drive(eng, []) == [a] and math.isnan(b.first_scheduled)
+    assert a.first_scheduled == 0.069
+    assert a.first_token == 0.069 + H100.step.step_time(300, 1, 0, 300 * 301 / 2)
+    with pytest.raises(ValueError, match="frontend_delay_s must be a finite number >= 0"):
+        TokenEngine(H100, frontend_delay_s=-0.1)
+
+
+def test_the_cpu_preset_carries_the_measured_request_overhead() -> None:
+    import json
+    from importlib import resources
+
+    data = json.loads(resources.files("admit.engine").joinpath("data/calibration/cpu-smollm2.json").read_text())
+    assert get_preset("cpu-smollm2").frontend_delay_s == data["request_overhead_s"] > 0
+    assert get_preset("h200-llama3-8b").frontend_delay_s == 0.0  # the GPU sources time engine steps only
+
+
 # ---------------------------------------------------------------- hooks
 def test_on_tokens_streams_every_token_and_abort_frees_blocks() -> None:
     eng = TokenEngine(H100)
@@ -294,7 +352,7 @@ def test_abort_of_a_waiting_request() -> None:
 
 # ---------------------------------------------------------------- inputs
 def test_bad_inputs_give_clear_errors() -> None:
-    with pytest.raises(ValueError, match="allowed: \\['h100-llama3-8b', 'h200-llama3-8b'"):
+    with pytest.raises(ValueError, match="allowed: \\['cpu-smollm2', 'h100-llama3-8b', 'h200-llama3-8b'"):
         TokenEngine("a100-llama3-8b")
     with pytest.raises(ValueError, match="must be >= max_num_seqs"):
         TokenEngine(H100, max_num_batched_tokens=64, max_num_seqs=128)
