@@ -50,10 +50,12 @@ def control(
     client = GatewayClient(gateway, token)
     try:
         gw_spec = spec_from_json(client.spec())
+        bound = None
         if scenario is not None:
             from admit.envs.scenario import load_scenario
 
-            cspec = load_scenario(scenario).control_spec()
+            bound = load_scenario(scenario)
+            cspec = bound.control_spec()
             if [t.name for t in cspec.tenants] != [t.name for t in gw_spec.tenants]:
                 raise ValueError(f"scenario tenants {[t.name for t in cspec.tenants]} are not the gateway's "
                                  f"{[t.name for t in gw_spec.tenants]} (same names, same order)")
@@ -62,7 +64,7 @@ def control(
         else:
             raise ValueError(f"--spec takes 'gateway' (or use --scenario NAME), got {spec!r}")
         cspec = replace(cspec, interval_s=parse_interval(interval))
-        pol = make_controller(policy)
+        pol = make_controller(policy, scenario=bound)  # static:best and the like find the scenario's own caps
         fb = make_controller(fallback)
     except (OSError, RuntimeError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
@@ -84,7 +86,9 @@ def control(
 
 
 def demo(
-    scenario: str = typer.Option("long-context-chat", help="token-engine scenario whose tenants interfere"),
+    scenario: str | None = typer.Option(
+        None, help="token-engine scenario whose tenants interfere (default long-context-chat; with --backend, "
+        "live/scenarios/cpu-smollm2-duo.yaml)"),
     duration: float = typer.Option(45.0, min=5, help="seconds of the scenario's requests per policy"),
     policy: list[str] = typer.Option(
         ["static:best", "token:best", "ppo:general"],
@@ -92,9 +96,13 @@ def demo(
     out: Path = typer.Option(Path("results/demo.json"), help="where to write the JSON"),
     seed: int = typer.Option(1, help="the seed of the requests (every policy gets the same)"),
     workdir: Path | None = typer.Option(None, help="keep logs and configs here (default: a temp dir, removed)"),
+    backend: str | None = typer.Option(
+        None, help="a running real vLLM server (http://HOST:PORT, e.g. scripts/vllm_server.sh's) instead of the "
+        "emulator"),
 ) -> None:
     """The live stack on 127.0.0.1 (emulator, gateway, control loop, load) per policy on the same requests of
-    a scenario whose tenants interfere; per-tenant goodput and attainment."""
+    a scenario whose tenants interfere; per-tenant goodput and attainment. With --backend, in front of a
+    real vLLM server instead of the emulator."""
     from admit.envs.scenario import ScenarioError
     from admit.live.demo import run_demo
     from admit.live.stack import cli_exit
@@ -105,15 +113,33 @@ def demo(
         console = Console(width=132)
     try:
         with cli_exit():
-            run_demo(scenario, duration, policy, out, seed, workdir, console)
+            if backend is not None:
+                from admit.live.fidelity_real import SCENARIO as REAL_SCENARIO
+
+                base = backend.rstrip("/").removesuffix("/v1")
+                run_demo(scenario or str(REAL_SCENARIO), duration, policy, out, seed, workdir, console, base)
+            else:
+                run_demo(scenario or "long-context-chat", duration, policy, out, seed, workdir, console)
     except (ScenarioError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
 
 
 def sim2live(
-    scenario: str = typer.Option("h200-live-small", help="token-engine scenario (bundled name or YAML path)"),
+    scenario: str | None = typer.Option(
+        None, help="token-engine scenario (bundled name or YAML path); default h200-live-small on the emulator, "
+        "live/scenarios/cpu-smollm2-duo.yaml with --backend"),
     policy: list[str] = typer.Option(["static"], help="policy run on both sides; repeat for several"),
+    backend: str | None = typer.Option(
+        None, help="a running real vLLM server (http://HOST:PORT) instead of a fresh emulator per run: the "
+        "simulator against it at each --load, errors per figure (live/fidelity_real.py)"),
+    load: list[float] = typer.Option(
+        [], help="with --backend: multiples of the scenario's rates; repeat for several"),
+    utilisation: list[float] = typer.Option(
+        [], help="with --backend, instead of --load: shares of the engine's capacity as the preset estimates it "
+        "(1 = saturated; default 0.25, 0.65, 1.05: light, near the knee, overloaded), so the same on any machine"),
+    calibration: Path | None = typer.Option(
+        None, help="with --backend: an `admit calibrate` result of that server; the simulator uses its fit"),
     horizon: float | None = typer.Option(None, min=10, help="shorten the scenario's horizon to this many seconds"),
     seed: int = typer.Option(0, help="the episode seed whose requests both sides get"),
     out: Path = typer.Option(Path("results/sim2live.json"), help="where to write the JSON"),
@@ -130,7 +156,43 @@ def sim2live(
     console = Console(width=120)
     try:
         with cli_exit():
-            run_sim2live(scenario, policy, horizon, seed, out, doc, workdir, repeat, console)
+            if backend is not None:
+                from admit.live.fidelity_real import run_real
+
+                run_real(backend, scenario, policy, load, horizon, seed, out, doc, workdir, console, calibration,
+                         utilisation)
+            else:
+                run_sim2live(scenario or "h200-live-small", policy, horizon, seed, out, doc, workdir, repeat, console)
     except (ScenarioError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
+
+
+def calibrate(
+    backend: str = typer.Option(..., help="a running vLLM server's URL, e.g. http://127.0.0.1:8000 (or .../v1)"),
+    model: str | None = typer.Option(None, help="the served model name (default: the server's first)"),
+    out: Path = typer.Option(Path("results/calibration.json"), help="where to write the samples and the fit"),
+    reps: int = typer.Option(3, min=1, max=20, help="repetitions of each prefill size (the median is fitted)"),
+    quick: bool = typer.Option(False, help="a smaller design (about a minute on 2 CPU cores): a check, not a preset"),
+    max_num_seqs: int = typer.Option(8, min=1, help="the server's --max-num-seqs (vLLM does not export it)"),
+    max_num_batched_tokens: int = typer.Option(2048, min=1, help="the server's token budget per step (CPU default)"),
+) -> None:
+    """Measure a vLLM server with designed requests (prefill sizes, decode batch sizes and contexts) and fit
+    the token engine's step-time model to it; prints each point against the fit."""
+    import json
+
+    from admit.live.calibrate import calibrate as run
+
+    try:
+        result = run(backend, model, reps, quick, echo=typer.echo, max_num_seqs=max_num_seqs,
+                     max_num_batched_tokens=max_num_batched_tokens)
+    except (ValueError, RuntimeError, OSError) as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(1) from None
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result["command"] = f"admit calibrate --backend URL --reps {reps}" + (" --quick" if quick else "")
+    out.write_text(json.dumps(result, indent=1) + "\n")
+    fit = ", ".join(f"{k} {v:.4g}" for k, v in result["fit"].items())
+    typer.echo(f"fit: {fit}; request overhead {1000 * result['request_overhead_s']:.1f} ms")
+    typer.echo(f"relative error: median {result['median_abs_relative_error']:.1%}, "
+               f"max {result['max_abs_relative_error']:.1%}; wrote {out}")

@@ -39,7 +39,8 @@ def policy_loads(policy: str, scenario: str) -> str | None:
     try:
         from admit.controllers.registry import make_controller
 
-        make_controller(policy).reset(load_scenario(scenario).control_spec(), 0)
+        sc = load_scenario(scenario)
+        make_controller(policy, scenario=sc).reset(sc.control_spec(), 0)
     except Exception as exc:
         return f"{type(exc).__name__}: {exc}"
     return None
@@ -80,7 +81,10 @@ def print_table(result: dict[str, Any], console: Console) -> None:
 
 
 def run_demo(scenario: str, duration: float, policies: list[str], out: Path, seed: int, workdir: Path | None,
-             console: Console) -> dict[str, Any]:
+             console: Console, backend: str | None = None) -> dict[str, Any]:
+    """``backend``: a running real vLLM server in place of a fresh emulator per policy (the requests are then
+    written as live/fidelity_real.py writes them: numbered, so its prefix cache serves none, and the policies
+    run one after another on one server, each once it is idle)."""
     sc = load_scenario(scenario, horizon_s=duration)
     if not isinstance(sc.engine, TokenEngineConfig):
         raise ValueError(f"the demo needs a token-engine scenario (the emulator runs the token engine); "
@@ -102,15 +106,27 @@ def run_demo(scenario: str, duration: float, policies: list[str], out: Path, see
         for i, pol in enumerate(chosen):
             with Stack(root / f"run{i}") as stack:
                 trace = stack.workdir / "requests.jsonl"
-                write_trace(sc, requests, trace)
-                console.print(f"{pol}: emulator ({sc.engine.preset}) + gateway + control loop + admit loadgen, "
-                              f"{len(requests)} requests over {duration:g} s ...")
-                emu = stack.emulator("--preset", sc.engine.preset, "--seed", str(seed))
-                runs[pol] = run_live(stack, emu, "live", gateway_config(sc), load_config(sc, trace), pol,
+                load = load_config(sc, trace)
+                if backend is None:
+                    write_trace(sc, requests, trace)
+                    console.print(f"{pol}: emulator ({sc.engine.preset}) + gateway + control loop + admit loadgen, "
+                                  f"{len(requests)} requests over {duration:g} s ...")
+                    target = stack.emulator("--preset", sc.engine.preset, "--seed", str(seed))
+                else:
+                    from admit.live import fidelity_real
+
+                    fidelity_real.write_trace(sc, requests, trace)
+                    load = fidelity_real.real_load_config(sc, trace)
+                    fidelity_real.wait_idle(backend)
+                    console.print(f"{pol}: real vLLM at {backend} + gateway + control loop + admit loadgen, "
+                                  f"{len(requests)} requests over {duration:g} s ...")
+                    target = backend
+                runs[pol] = run_live(stack, target, "live", gateway_config(sc), load, pol,
                                      sc.interval_s, scenario=scenario, start_on_traffic=True)
                 runs[pol].pop("decision_log", None)
     result = {"scenario": scenario, "duration_s": duration, "seed": seed, "requests": len(requests),
-              "policies": chosen, "notes": notes, "backend": "admit emulate", "runs": runs}
+              "policies": chosen, "notes": notes, "runs": runs,
+              "backend": "admit emulate" if backend is None else f"vLLM at {backend}"}
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print_table(result, console)

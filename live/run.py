@@ -23,9 +23,15 @@ def _p99_s(block: dict[str, Any], name: str) -> float | None:
     return None if v is None else round(v / 1000, 4)
 
 
-def _p50_s(block: dict[str, Any]) -> float | None:
-    v = block["latency"]["request_latency"]["p50"]
+def _p50_s(block: dict[str, Any], name: str = "request_latency") -> float | None:
+    v = block["latency"][name]["p50"]
     return None if v is None else round(v / 1000, 4)
+
+
+def _more_latencies(block: dict[str, Any]) -> dict[str, float | None]:
+    """TTFT p50 and TPOT p50/p99 (seconds) of a loadgen summary block."""
+    return {"ttft_p50_s": _p50_s(block, "time_to_first_token"), "tpot_p50_s": _p50_s(block, "time_per_output_token"),
+            "tpot_p99_s": _p99_s(block, "time_per_output_token")}
 
 
 def read_decisions(decision_log: Path) -> list[dict[str, Any]]:
@@ -109,6 +115,7 @@ def run_live(
             "ttft_p99_s": _p99_s(block, "time_to_first_token"),
             "e2e_p99_s": _p99_s(block, "request_latency"),
             "e2e_p50_s": _p50_s(block),
+            **_more_latencies(block),
             "http_429": int(block["status"].get("429", 0)),
             "queue_full": int(gst.get("queue_full", 0)),
             "ttl_expired": int(gst.get("ttl_expired", 0)),
@@ -128,6 +135,7 @@ def run_live(
         "ttft_p99_s": _p99_s(stage, "time_to_first_token"),
         "e2e_p99_s": _p99_s(stage, "request_latency"),
         "e2e_p50_s": _p50_s(stage),
+        **_more_latencies(stage),
         "decisions": len(log),
         "decision_log": [{k: rec[k] for k in ("time", "since_traffic_s", "decision", "deltas", "limits_after",
                                                "outcome") if k in rec} for rec in log],

@@ -97,18 +97,25 @@ def simulate(scenario: Scenario, requests: list[Request], policy: str, seed: int
     for tc, tot in zip(scenario.tenants, sim.totals, strict=True):
         tenants[tc.name] = {"sent": tot.arrived, "completed": tot.completed,
                             "throughput_rps": round(tot.completed / scenario.horizon_s, 4),
+                            "goodput_rps": round(tot.good / scenario.horizon_s, 4),
                             "e2e_p99_s": nearest_rank(tot.e2e, 99), "ttft_p99_s": nearest_rank(tot.ttft, 99),
-                            "e2e_p50_s": nearest_rank(tot.e2e, 50), "dropped": tot.dropped + tot.rejected}
+                            "e2e_p50_s": nearest_rank(tot.e2e, 50), "ttft_p50_s": nearest_rank(tot.ttft, 50),
+                            "tpot_p50_s": nearest_rank(tot.tpot, 50), "tpot_p99_s": nearest_rank(tot.tpot, 99),
+                            "dropped": tot.dropped + tot.rejected}
     per_request: dict[str, list[float | None]] = {n: [] for n in names}  # e2e in arrival order, None if not served
     for r in sim.requests:
         per_request[names[r.tenant]].append(None if np.isnan(r.finished) else r.finished - r.arrival)
     e2e = [x for tot in sim.totals for x in tot.e2e]
     ttft = [x for tot in sim.totals for x in tot.ttft]
+    tpot = [x for tot in sim.totals for x in tot.tpot]
     done = sum(tot.completed for tot in sim.totals)
+    good = sum(tot.good for tot in sim.totals)
     return {"completed": done, "throughput_rps": round(done / scenario.horizon_s, 4),
+            "goodput_rps": round(good / scenario.horizon_s, 4),
             "e2e_p99_s": nearest_rank(e2e, 99), "ttft_p99_s": nearest_rank(ttft, 99),
-            "e2e_p50_s": nearest_rank(e2e, 50), "tenants": tenants, "decisions": decisions,
-            "per_request_e2e": per_request}
+            "e2e_p50_s": nearest_rank(e2e, 50), "ttft_p50_s": nearest_rank(ttft, 50),
+            "tpot_p50_s": nearest_rank(tpot, 50), "tpot_p99_s": nearest_rank(tpot, 99),
+            "tenants": tenants, "decisions": decisions, "per_request_e2e": per_request}
 
 
 def gateway_config(scenario: Scenario) -> dict[str, Any]:
@@ -293,12 +300,24 @@ def _limit_span(lives: list[dict[str, Any]]) -> str:
     return ", ".join(parts)
 
 
-def write_section(doc: Path, section: str) -> None:
-    """Put ``section`` at the end of ``doc``, replacing an earlier sim-to-live section (and what follows it)."""
+def replace_section(doc: Path, header: str, body: str) -> None:
+    """Put ``body`` (which starts with the ``header`` line) in ``doc`` in place of the section under ``header``,
+    up to the next ``## `` heading (later sections are kept), or at the end when there is none."""
     text = doc.read_text() if doc.is_file() else ""
-    m = re.search(rf"^{re.escape(SECTION)}\b", text, flags=re.M)
-    head = (text[: m.start()] if m else text).rstrip("\n")
-    doc.write_text((head + "\n\n" if head else "") + section)
+    m = re.search(rf"^{re.escape(header)}[ \t]*$", text, flags=re.M)
+    if m is None:
+        head = text.rstrip("\n")
+        doc.write_text((head + "\n\n" if head else "") + body)
+        return
+    nxt = re.search(r"^## ", text[m.end():], flags=re.M)
+    tail = text[m.end() + nxt.start():] if nxt else ""
+    head = text[: m.start()].rstrip("\n")
+    doc.write_text((head + "\n\n" if head else "") + body.rstrip("\n") + "\n" + ("\n" + tail if tail else ""))
+
+
+def write_section(doc: Path, section: str) -> None:
+    """Put ``section`` in ``doc``, replacing an earlier sim-to-live section (the sections after it stay)."""
+    replace_section(doc, SECTION, section)
 
 
 def _lateness_p99_ms(stack: Stack, emu: str) -> float | None:

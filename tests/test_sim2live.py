@@ -4,9 +4,11 @@ docs/fidelity.md."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
+import pytest
 from admit.engine.fidelity import SIM2LIVE_SECTION, kept_tail
 from admit.envs.scenario import load_scenario
 from admit.live.sim2live import (
@@ -86,6 +88,12 @@ def test_the_section_survives_regeneration(tmp_path: Path) -> None:
     assert text.count(SIM2LIVE_SECTION) == 1 and "| c | d |" in text and text.startswith("# Report")
     regenerated = "# Report\n\nnew body\n" + kept_tail(doc)  # what `admit fidelity` writes
     assert "new body" in regenerated and regenerated.endswith(f"{SIM2LIVE_SECTION}\n\n| c | d |\n")
+    # a section after it (the simulator against real vLLM) survives the sim-to-live section's regeneration
+    doc.write_text(text + "\n## Simulator vs real vLLM\n\n| e |\n")
+    write_section(doc, f"{SIM2LIVE_SECTION}\n\n| f |\n")
+    text = doc.read_text()
+    assert "| c | d |" not in text and "| f |" in text and text.endswith("## Simulator vs real vLLM\n\n| e |\n")
+    assert text.index(SIM2LIVE_SECTION) < text.index("## Simulator vs real vLLM")
 
 
 def test_per_request_gap_matches_the_same_requests_in_arrival_order(tmp_path: Path) -> None:
@@ -109,3 +117,55 @@ def test_the_simulators_percentiles_are_the_load_generators() -> None:
     assert nearest_rank(values, 99) == 2.8
     assert abs(hist.percentile(99) / 1e9 - 2.8) <= 0.008 * 2.8  # the loadgen's answer, within its bucket
     assert nearest_rank(values, 50) == 0.5 and nearest_rank([], 99) is None
+
+
+def test_real_backend_loads_scale_rates_and_errors_are_against_the_real_figures(tmp_path: Path) -> None:
+    from admit.envs.scenario import load_scenario
+    from admit.live import fidelity_real as fr
+
+    sc = load_scenario(str(fr.SCENARIO))
+    assert sc.engine.preset == "cpu-smollm2"
+    heavy = fr.scaled(sc, 1.6)
+    assert [t.arrival.rate for t in heavy.tenants] == pytest.approx([1.6 * t.arrival.rate for t in sc.tenants])
+    assert heavy.name.endswith("@1.6") and sc.tenants[0].arrival.rate == 0.5  # the original is untouched
+    with pytest.raises(ValueError, match="must be > 0"):
+        fr.scaled(sc, 0)
+    with pytest.raises(ValueError, match="scales Poisson arrivals"):
+        fr.scaled(load_scenario("h200-live-small"), 2.0)  # its agent tenant is MMPP
+    # (sim - real) / real, per scope; the summary's medians over the scopes
+    one = {m: 1.0 for m in fr.METRICS}
+    sim = {**one, "ttft_p50_s": 1.2, "tenants": {"a": {**one, "e2e_p99_s": 0.5}}}
+    real = {**one, "tenants": {"a": {**one, "e2e_p99_s": None}}}
+    errs = fr.errors(sim, real)
+    assert errs["all"]["ttft_p50_s"]["error"] == 0.2 and errs["a"]["e2e_p99_s"]["error"] is None
+    s = fr.summary(errs)
+    assert s["central"]["figures"] == 6 and s["central"]["median_abs_error"] == 0.0 and s["central"]["met"]
+    assert s["tails"]["figures"] == 5  # the missing real figure is left out, not counted as 0
+    # the live load: numbered prompts and a cache salt of the run's own
+    trace = tmp_path / "t.jsonl"
+    a, b = fr.real_load_config(sc, trace), fr.real_load_config(sc, trace)
+    assert a["unique_prompts"] is True
+    salts = {t["extra"]["cache_salt"] for t in a["tenants"]}
+    assert len(salts) == 1 and salts != {t["extra"]["cache_salt"] for t in b["tenants"]}
+
+
+def test_utilisations_become_the_loads_the_preset_in_use_puts_there() -> None:
+    """--utilisation: the same share of the engine's estimated capacity on a faster engine (its refitted preset
+    is faster too) is a larger multiple of the scenario's rates."""
+    from admit.engine.presets import get_preset, overriding
+    from admit.engine.steptime import StepTimeModel
+    from admit.envs.family import scenario_load
+    from admit.envs.scenario import load_scenario
+    from admit.live import fidelity_real as fr
+
+    sc = load_scenario(str(fr.SCENARIO))
+    loads = fr.loads_for(sc, [0.25, 1.05])
+    for u, x in zip([0.25, 1.05], loads, strict=True):
+        assert scenario_load(fr.scaled(sc, x)) == pytest.approx(u, rel=5e-3)  # loads of 3 digits
+    p = get_preset("cpu-smollm2")
+    fast = dataclasses.replace(p, step=StepTimeModel(**{k: v / 2 if k.endswith("_s") or "_s_" in k else v
+                                                          for k, v in dataclasses.asdict(p.step).items()}))
+    with overriding(fast):
+        assert fr.loads_for(sc, [0.25])[0] > 1.5 * loads[0]
+    with pytest.raises(ValueError, match="utilisation must be > 0"):
+        fr.loads_for(sc, [0.5, 0.0])
