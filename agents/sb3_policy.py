@@ -14,7 +14,9 @@ acts deterministically. Its action is decoded with admit.agents.action_codec —
 wrappers use — into integer deltas in ±max_step.
 A tenant-set policy (``policy.kind: tenant-set``, admit.agents.set_policy) takes any scenario of 1..8 tenants
 and any ``max_step``: its input is admit.agents.set_codec's padded vector and its action one multiplicative
-choice per tenant, decoded by the same module.
+choice per tenant, decoded by the same module. An anchored tenant-set policy (``policy.anchor: tuned``) acts
+around static:best's caps for the scenario: it needs a ``base`` that knows them (the registry gives it
+``BestStatic``, as ``token:best`` gets one), reset with the same spec and seed, whose caps become the anchors.
 Loaded models are cached per process, so ``admit evaluate`` loads a run once, not once per seed.
 """
 
@@ -139,7 +141,17 @@ class SB3Policy:
         from admit.agents.set_policy import TenantSetPolicy
 
         self.tenant_set = isinstance(self.model.policy, TenantSetPolicy)
+        self.anchored = bool(self.tenant_set and getattr(self.model.policy, "anchored", False))
+        self.base: Any = None  # the anchored policy's source of caps (``cap`` after ``reset``)
+        self.anchors: list[int] | None = None
         self.limits = Limits()
+
+    def bind_scenario(self, scenario: Any) -> None:
+        """Name the scenario (the registry's ``make_controller(..., scenario=S)``): the base's caps are then
+        the ones tuned for it."""
+        bind = getattr(self.base, "bind_scenario", None)
+        if bind is not None:
+            bind(scenario)
 
     def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
         n, k = spec.n_tenants, spec.limits.max_step
@@ -147,6 +159,13 @@ class SB3Policy:
             policy: Any = self.model.policy
             set_codec.check_tenants(n, policy.set_max_tenants)
             self.n, self.k, self.limits = n, k, spec.limits
+            if self.anchored:
+                if self.base is None:
+                    raise ValueError(f"policy {self.name} acts around tuned caps and has no base to take them from "
+                                     "(make it with admit.controllers.registry.make_controller)")
+                self.base.reset(spec, seed)
+                self.anchors = [int(c) for c in self.base.cap]
+                set_codec.check_anchors(self.anchors, n, spec.limits)
             return
         layout = layout_of(self.obs_size, n)
         if layout is None:
@@ -175,9 +194,13 @@ class SB3Policy:
     def act(self, obs: Observation) -> list[int]:
         if self.tenant_set:
             policy: Any = self.model.policy
-            vec = self.norm.normalize_obs(set_codec.observation_vector(obs, self.limits, policy.set_max_tenants)[None])
+            vec = self.norm.normalize_obs(
+                set_codec.observation_vector(obs, self.limits, policy.set_max_tenants, self.anchors)[None])
             choices, _ = self.model.predict(np.asarray(vec, dtype=np.float32), deterministic=True)
-            return set_codec.to_deltas(choices[0], [t.limit for t in obs.tenants], self.limits)
+            current = [t.limit for t in obs.tenants]
+            if self.anchors is not None:
+                return set_codec.anchored_delta_list(choices[0], current, self.anchors, self.limits)
+            return set_codec.to_deltas(choices[0], current, self.limits)
         vec = self.norm.normalize_obs(obs.to_vector(self.layout)[None, :])
         action, _ = self.model.predict(np.asarray(vec, dtype=np.float32), deterministic=True)
         return to_deltas(action[0], self.kind, self.n, self.k)

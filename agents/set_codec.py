@@ -20,6 +20,14 @@ can move), and the delta is clipped to ``±max_step`` (the scenario's own bound,
 live loop enforce). Choices in padding slots are ignored. Multiplicative steps mean the same action halves a
 limit of 8 or of 400, which is what lets one policy serve scenarios whose caps differ by two orders of
 magnitude.
+
+**Anchored** (``anchored=True``; the policy config's ``anchor: tuned``): the policy acts around given
+per-tenant caps ``A`` (static:best's, tuned offline for the scenario). The vector gains M more entries, each
+slot's anchor (0 in padding), after the mask; a choice ``c`` then asks for the target ``A · FACTORS[c]``
+(at least one away from ``A`` when the factor is not 1, clipped to the limit bounds), and the delta moves
+the current limit towards that target by at most ``max_step``. "Hold" holds the anchor, so a policy that
+always holds *is* static:best, and every other choice is a bounded, non-cumulative deviation from it: the
+next decision's target is again relative to the anchor, not to wherever the last one left the limit.
 """
 
 from __future__ import annotations
@@ -37,8 +45,17 @@ N_GLOBAL = len(GLOBAL_FEATURES) + 3
 N_TENANT = len(TENANT_FEATURES)
 
 
-def set_vector_size(max_tenants: int = MAX_TENANTS) -> int:
-    return N_GLOBAL + max_tenants * (N_TENANT + 1)
+def set_vector_size(max_tenants: int = MAX_TENANTS, anchored: bool = False) -> int:
+    return N_GLOBAL + max_tenants * (N_TENANT + 1) + (max_tenants if anchored else 0)
+
+
+def anchored_of(size: int, max_tenants: int = MAX_TENANTS) -> bool:
+    """Whether a tenant-set input of ``size`` entries carries anchors; ValueError for any other size."""
+    for anchored in (False, True):
+        if size == set_vector_size(max_tenants, anchored):
+            return anchored
+    raise ValueError(f"a tenant-set input for {max_tenants} slots has {set_vector_size(max_tenants)} entries "
+                     f"(or {set_vector_size(max_tenants, True)} with anchors), got {size}")
 
 
 def check_tenants(n: int, max_tenants: int = MAX_TENANTS) -> None:
@@ -46,24 +63,37 @@ def check_tenants(n: int, max_tenants: int = MAX_TENANTS) -> None:
         raise ValueError(f"the tenant-set policy acts on 1..{max_tenants} tenants; this scenario has {n}")
 
 
-def set_vector(flat: np.ndarray, n: int, limits: Limits, max_tenants: int = MAX_TENANTS) -> np.ndarray:
-    """The tenant-set vector from a layout-2 flat vector of ``n`` tenants (``Observation.to_vector()``)."""
+def set_vector(flat: np.ndarray, n: int, limits: Limits, max_tenants: int = MAX_TENANTS,
+               anchors: Sequence[int] | None = None) -> np.ndarray:
+    """The tenant-set vector from a layout-2 flat vector of ``n`` tenants (``Observation.to_vector()``);
+    with ``anchors`` (one cap per tenant) the anchored layout."""
     check_tenants(n, max_tenants)
+    if anchors is not None:
+        check_anchors(anchors, n, limits)
     g = len(GLOBAL_FEATURES)
     if flat.shape != (g + n * N_TENANT,):
         raise ValueError(f"expected a layout-{LAYOUT_VERSION} vector of {g + n * N_TENANT} entries for {n} tenants, "
                          f"got shape {flat.shape}")
-    out = np.zeros(set_vector_size(max_tenants), dtype=np.float32)
+    out = np.zeros(set_vector_size(max_tenants, anchors is not None), dtype=np.float32)
     out[:g] = flat[:g]
     out[g:N_GLOBAL] = (limits.min, limits.max, n)
     out[N_GLOBAL : N_GLOBAL + n * N_TENANT] = flat[g:]
     mask0 = N_GLOBAL + max_tenants * N_TENANT
     out[mask0 : mask0 + n] = 1.0
+    if anchors is not None:
+        a0 = mask0 + max_tenants
+        out[a0 : a0 + n] = anchors
     return out
 
 
-def observation_vector(obs: Observation, limits: Limits, max_tenants: int = MAX_TENANTS) -> np.ndarray:
-    return set_vector(obs.to_vector(), obs.n_tenants, limits, max_tenants)
+def check_anchors(anchors: Sequence[int], n: int, limits: Limits) -> None:
+    if len(anchors) != n or any(not limits.min <= int(a) <= limits.max for a in anchors):
+        raise ValueError(f"anchors must be {n} caps within the limits {limits.min}..{limits.max}, got {list(anchors)}")
+
+
+def observation_vector(obs: Observation, limits: Limits, max_tenants: int = MAX_TENANTS,
+                       anchors: Sequence[int] | None = None) -> np.ndarray:
+    return set_vector(obs.to_vector(), obs.n_tenants, limits, max_tenants, anchors)
 
 
 def delta_list(choices: Sequence[int] | np.ndarray, current: Sequence[float] | np.ndarray,
@@ -104,3 +134,30 @@ def delta_array(choices: Sequence[int] | np.ndarray, current: Sequence[float] | 
 def to_deltas(choices: Sequence[int] | np.ndarray, current: Sequence[float], limits: Limits) -> list[int]:
     """``delta_list`` (the deployed policy's name for it)."""
     return delta_list(choices, current, limits)
+
+
+def anchored_delta_list(choices: Sequence[int] | np.ndarray, current: Sequence[float] | np.ndarray,
+                        anchors: Sequence[int], limits: Limits) -> list[int]:
+    """Per-tenant deltas (within ±max_step) towards each choice's target around the anchors (the module
+    docstring's anchored action); tenant by tenant in Python, as ``delta_list``."""
+    n = len(current)
+    if len(choices) < n or len(anchors) != n:
+        raise ValueError(f"{len(choices)} choices and {len(anchors)} anchors for {n} tenants")
+    vals = choices.tolist() if isinstance(choices, np.ndarray) else list(choices)
+    cur_vals = current.tolist() if isinstance(current, np.ndarray) else current
+    k, lo, hi = limits.max_step, limits.min, limits.max
+    out = []
+    for i in range(n):
+        c = int(vals[i])
+        if not 0 <= c < len(FACTORS):
+            raise ValueError(f"choice {c} is out of range 0..{len(FACTORS) - 1}")
+        f, a = FACTORS[c], int(anchors[i])
+        t = round(a * f)
+        if f > 1.0:
+            t = max(t, a + 1)
+        elif f < 1.0:
+            t = min(t, a - 1)
+        t = lo if t < lo else hi if t > hi else t
+        d = t - round(float(cur_vals[i]))
+        out.append(-k if d < -k else k if d > k else d)
+    return out

@@ -15,6 +15,10 @@ element for tanh and ~0.15 for ReLU, a sixth of a PPO update at 64 units). ψ's 
 with the same parameters (a third of ψ's multiply-adds; sums in another order, so equal to float rounding);
 φ's first layer likewise takes the globals' share once per row instead of concatenating them to every slot.
 
+Anchored (admit.agents.set_codec: the input carries each slot's anchor cap after the mask, found from the
+observation space's size), ``log1p(anchor)`` is one more per-tenant feature of φ; ``hold_bias`` starts the
+head's "hold" logit above the others, so an untrained anchored policy's mode is its anchors.
+
 A padding slot's logits are pinned to "hold" (a near-certain choice), so it adds nothing to the log-probability
 or the entropy PPO optimises. Zaheer et al., "Deep Sets" (NeurIPS 2017) for the sum/max-pooled form.
 
@@ -27,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from admit.agents.set_codec import HOLD, MAX_TENANTS, N_GLOBAL, N_TENANT
+from admit.agents.set_codec import HOLD, MAX_TENANTS, N_GLOBAL, N_TENANT, anchored_of
 from stable_baselines3.common.distributions import MultiCategoricalDistribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 from torch import nn
@@ -41,14 +45,16 @@ PIN = 30.0  # a padding slot's logit margin for "hold": probability 1 − 6·e^�
 class SetExtractor(nn.Module):
     """φ, the pooling, ψ's hidden layer and ρ's: ``forward`` gives (actor latent, critic latent)."""
 
-    def __init__(self, hidden: int, max_tenants: int, activation: str = "tanh") -> None:
+    def __init__(self, hidden: int, max_tenants: int, activation: str = "tanh", anchored: bool = False) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
         act = ACTIVATIONS[activation]
         self.m = max_tenants
         self.hidden = hidden
-        self.phi = nn.Sequential(nn.Linear(N_TENANT + N_GLOBAL, hidden), act(), nn.Linear(hidden, hidden), act())
+        self.anchored = anchored
+        self.nt = N_TENANT + (1 if anchored else 0)  # per-tenant features φ reads
+        self.phi = nn.Sequential(nn.Linear(self.nt + N_GLOBAL, hidden), act(), nn.Linear(hidden, hidden), act())
         self.psi = nn.Sequential(nn.Linear(3 * hidden, hidden), act())
         self.rho = nn.Sequential(nn.Linear(2 * hidden + N_GLOBAL, hidden), act())
         # what ActorCriticPolicy reads: the actor latent is every slot's hidden vector plus the mask
@@ -60,12 +66,16 @@ class SetExtractor(nn.Module):
         z = torch.log1p(x.clamp(min=0.0))  # every feature at once (the mask's share is not read)
         zg = z[:, :N_GLOBAL]
         zt = z[:, N_GLOBAL : N_GLOBAL + m * N_TENANT].reshape(b, m, N_TENANT)
-        mask = x[:, N_GLOBAL + m * N_TENANT :]
+        mask0 = N_GLOBAL + m * N_TENANT
+        mask = x[:, mask0 : mask0 + m]
+        if self.anchored:
+            zt = torch.cat([zt, z[:, mask0 + m : mask0 + 2 * m].unsqueeze(-1)], dim=-1)
         # φ's first layer on [z_tenant_i, z_global], the globals' share once per row (as ψ's context below)
         first = self.phi[0]
         assert isinstance(first, nn.Linear)
         w0 = first.weight
-        pre = F.linear(zt, w0[:, :N_TENANT]) + F.linear(zg, w0[:, N_TENANT:], first.bias).unsqueeze(1)
+        nt = self.nt
+        pre = F.linear(zt, w0[:, :nt]) + F.linear(zg, w0[:, nt:], first.bias).unsqueeze(1)
         e = self.phi[3](self.phi[2](self.phi[1](pre)))  # (B, m, h)
         w = mask.unsqueeze(-1)
         count = w.sum(dim=1)
@@ -101,12 +111,14 @@ class SlotHead(nn.Module):
     """ψ's last layer, shared by every slot: (B, m·h + m) → (B, m·n_choices) logits, tenant-major (the order
     SB3's MultiCategoricalDistribution splits them in); padding slots pinned to HOLD."""
 
-    def __init__(self, hidden: int, max_tenants: int, n_choices: int) -> None:
+    def __init__(self, hidden: int, max_tenants: int, n_choices: int, hold_bias: float = 0.0) -> None:
         super().__init__()
         self.m, self.h, self.a = max_tenants, hidden, n_choices
         self.out = nn.Linear(hidden, n_choices)
         nn.init.orthogonal_(self.out.weight, gain=0.01)  # SB3's small initial policy gain: near-uniform at start
         nn.init.zeros_(self.out.bias)
+        with torch.no_grad():
+            self.out.bias[HOLD] = hold_bias  # 0: uniform at start; > 0: "hold" the likeliest choice
         pinned = torch.full((n_choices,), -PIN)
         pinned[HOLD] = 0.0
         self.register_buffer("pinned", pinned)
@@ -166,16 +178,20 @@ class TenantSetPolicy(ActorCriticPolicy):
     """ActorCriticPolicy with the DeepSets extractor and the shared slot head (see the module docstring)."""
 
     def __init__(self, *args: Any, hidden: int = 64, max_tenants: int = MAX_TENANTS, activation: str = "tanh",
-                 **kwargs: Any) -> None:
+                 hold_bias: float = 0.0, **kwargs: Any) -> None:
         self.set_hidden = hidden
         self.set_max_tenants = max_tenants
         self.set_activation = activation
+        self.set_hold_bias = float(hold_bias)
         kwargs.setdefault("ortho_init", False)  # our layers keep torch's default init; the head is set below
         super().__init__(*args, **kwargs)
 
     def _build_mlp_extractor(self) -> None:
+        shape = self.observation_space.shape
+        assert shape is not None, "a tenant-set policy's observation space has a shape"
+        self.anchored = anchored_of(int(shape[0]), self.set_max_tenants)
         self.mlp_extractor = SetExtractor(  # type: ignore[assignment]
-            self.set_hidden, self.set_max_tenants, self.set_activation)
+            self.set_hidden, self.set_max_tenants, self.set_activation, self.anchored)
 
     def _build(self, lr_schedule: Any) -> None:
         super()._build(lr_schedule)
@@ -184,7 +200,7 @@ class TenantSetPolicy(ActorCriticPolicy):
             raise ValueError(
                 f"TenantSetPolicy needs MultiDiscrete([c] * {self.set_max_tenants}), got {self.action_space}"
             )
-        self.action_net = SlotHead(self.set_hidden, self.set_max_tenants, int(nvec[0]))
+        self.action_net = SlotHead(self.set_hidden, self.set_max_tenants, int(nvec[0]), self.set_hold_bias)
         self.action_dist = SlotCategorical(self.set_max_tenants, int(nvec[0]))
         self.optimizer = self.optimizer_class(  # type: ignore[call-arg]  # SB3's own call, with the new head
             self.parameters(), lr=lr_schedule(1), **self.optimizer_kwargs
@@ -192,5 +208,6 @@ class TenantSetPolicy(ActorCriticPolicy):
 
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
-        data.update(hidden=self.set_hidden, max_tenants=self.set_max_tenants, activation=self.set_activation)
+        data.update(hidden=self.set_hidden, max_tenants=self.set_max_tenants, activation=self.set_activation,
+                    hold_bias=self.set_hold_bias)
         return data

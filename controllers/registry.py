@@ -145,7 +145,12 @@ def _sb3(algo: str) -> Callable[[str | None], Controller]:
     def make(arg: str | None) -> Controller:
         from admit.agents.sb3_policy import make_sb3_policy  # imported on use: it needs torch
 
-        return make_sb3_policy(algo, arg)
+        policy = make_sb3_policy(algo, arg)
+        if policy.anchored:  # it acts around static:best's caps: give it the controller that finds them
+            from admit.evaluate.tune import BestStatic
+
+            policy.base = BestStatic()
+        return policy
 
     return make
 

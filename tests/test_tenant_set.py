@@ -191,6 +191,16 @@ def test_family_training_writes_a_policy_that_acts_on_any_tenant_count(tmp_path:
         ("family: h200-mix", "family: a family's instances have 2..8 tenants; train them with policy.kind tenant-set"),
         ("algo: dqn\npolicy: {kind: tenant-set}", "policy.kind tenant-set needs algo ppo or a2c, got 'dqn'"),
         ("policy: {kind: deepsets}", "policy.kind: Input should be 'mlp' or 'tenant-set'"),
+        # the anchored policy (tests/test_anchored.py) and imitation (tests/test_imitation.py)
+        ("family: h200-mix\npolicy: {kind: tenant-set, anchor: tuned}",
+         "policy.anchor tuned on a family needs family_pool"),
+        ("family_pool: {train: 4, validation: 2}", "family_pool: only for a family run"),
+        ("policy: {anchor: tuned}", "policy.anchor: only the tenant-set policy acts around anchors"),
+        ("policy: {kind: tenant-set, anchor: best}", "policy.anchor: Input should be 'none' or 'tuned'"),
+        ("timesteps: 0", "timesteps: 0 trains nothing; it is allowed only after imitation"),
+        ("family: h200-mix\npolicy: {kind: tenant-set}\nimitation: {}", "imitation on a family needs family_pool"),
+        ("imitation: {}", "imitation: needs policy.kind tenant-set without an anchor"),
+        ("policy: {kind: tenant-set}\nimitation: {rounds: 0}", "imitation.rounds"),
     ],
 )
 def test_tenant_set_config_errors_name_what_is_allowed(tmp_path: Path, yaml_text: str, needle: str) -> None:

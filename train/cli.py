@@ -64,10 +64,17 @@ def train(
     from admit.train.trainer import train as run_train
 
     summary = run_train(cfg, out, progress=progress)
-    typer.echo(
-        f"trained {summary['algo']} on {summary['scenario']}: {summary['timesteps']} steps in "
-        f"{summary['wall_s']:.1f} s ({summary['env_steps_per_s']:.0f} steps/s)"
-    )
+    for r in summary["imitation"]:
+        typer.echo(f"imitation round {r['round']}: {r['samples']} samples, loss {r['loss']:.3f}, "
+                   f"accuracy {r['accuracy']:.3f}")
+    if summary["imitation"]:
+        typer.echo(f"imitated static:best's caps in {summary['imitation_s']:.1f} s "
+                   f"(tuning {summary['caps_tuning_s']:.1f} s)")
+    if summary["timesteps"] > 0:
+        typer.echo(
+            f"trained {summary['algo']} on {summary['scenario']}: {summary['timesteps']} steps in "
+            f"{summary['wall_s']:.1f} s ({summary['env_steps_per_s']:.0f} steps/s)"
+        )
     if "validation_return_best" in summary:
         typer.echo(
             f"validation return: last {summary['validation_return_last']:.1f}, "

@@ -104,12 +104,36 @@ class PolicyConfig(_Model):
     net_arch: list[int] = Field(default=[64, 64], min_length=1)
     activation: Literal["tanh", "relu"] = Field(default="tanh", description="every hidden layer's, either kind")
     hidden: int = Field(default=64, ge=4, le=1024, description="tenant-set: width of every layer")
+    anchor: Literal["none", "tuned"] = Field(
+        default="none", description="tenant-set: act around static:best's tuned caps (set_codec, anchored)")
+    hold_bias: float = Field(default=0.0, ge=0.0, le=10.0,
+                             description="tenant-set: the initial logit of 'hold' above the other choices")
 
     @model_validator(mode="after")
     def _positive(self) -> PolicyConfig:
         if any(w < 1 for w in self.net_arch):
             raise ValueError(f"net_arch layer widths must be >= 1, got {self.net_arch}")
         return self
+
+
+class FamilyPool(_Model):
+    """How many instances of each split an anchored family run draws from (the first seeds of the range)."""
+
+    train: int = Field(ge=1, le=1000)
+    validation: int = Field(ge=1, le=1000)
+
+
+class ImitationConfig(_Model):
+    """DAgger on static:best's caps before (or instead of) PPO (admit.train.imitation; tenant-set, family_pool)."""
+
+    rounds: int = Field(default=3, ge=1, le=50)
+    episodes: int = Field(default=48, ge=1, description="round 0: episodes following the expert")
+    noise: float = Field(default=0.3, ge=0.0, le=1.0, description="round 0: share of random choices")
+    dagger_episodes: int = Field(default=24, ge=1, description="later rounds: episodes of the policy so far")
+    dagger_noise: float = Field(default=0.1, ge=0.0, le=1.0, description="later rounds: share of random choices")
+    epochs: int = Field(default=8, ge=1, le=1000, description="passes over all data after each round")
+    learning_rate: float = Field(default=1e-3, gt=0)
+    batch_size: int = Field(default=512, ge=1)
 
 
 class NormalizeConfig(_Model):
@@ -149,7 +173,7 @@ class RewardOverride(_Model):
 class TrainConfig(_Model):
     algo: Algo = "ppo"
     scenario: str = "seed-paper"
-    timesteps: int = Field(default=100_000, ge=1)
+    timesteps: int = Field(default=100_000, ge=0, description="PPO env steps (0: imitation only)")
     n_envs: int = Field(default=4, ge=1, le=256)
     seed: int = Field(default=0, ge=0, le=1_000_000)
     vec_env: Literal["dummy", "subproc", "block"] = "dummy"
@@ -170,6 +194,11 @@ class TrainConfig(_Model):
     reward_per_offered_load: bool = Field(
         default=False, description="tenant-set: divide the reward by the instance's offered requests/s"
     )
+    imitation: ImitationConfig | None = Field(
+        default=None, description="imitate static:best's caps first (tenant-set; a family needs family_pool)")
+    family_pool: FamilyPool | None = Field(
+        default=None, description="draw a family's episodes from the first N seeds of each split (anchored runs "
+        "need it: every instance is tuned before training)")
 
     @model_validator(mode="after")
     def _set_policy(self) -> TrainConfig:
@@ -177,6 +206,21 @@ class TrainConfig(_Model):
             raise ValueError("family: a family's instances have 2..8 tenants; train them with policy.kind tenant-set")
         if self.policy.kind == "tenant-set" and self.algo not in ("ppo", "a2c"):
             raise ValueError(f"policy.kind tenant-set needs algo ppo or a2c, got {self.algo!r}")
+        if self.policy.anchor != "none" and self.policy.kind != "tenant-set":
+            raise ValueError("policy.anchor: only the tenant-set policy acts around anchors (policy.kind tenant-set)")
+        if self.family_pool is not None and self.family is None:
+            raise ValueError("family_pool: only for a family run (set family)")
+        if self.timesteps == 0 and self.imitation is None:
+            raise ValueError("timesteps: 0 trains nothing; it is allowed only after imitation")
+        if self.imitation is not None:
+            if self.policy.kind != "tenant-set" or self.policy.anchor != "none":
+                raise ValueError("imitation: needs policy.kind tenant-set without an anchor (it learns the caps)")
+            if self.family is not None and self.family_pool is None:
+                raise ValueError("imitation on a family needs family_pool: {train: N, validation: M}, the "
+                                 "instances whose static:best caps are imitated")
+        if self.policy.anchor == "tuned" and self.family is not None and self.family_pool is None:
+            raise ValueError("policy.anchor tuned on a family needs family_pool: {train: N, validation: M}, the "
+                             "instances tuned before training (tuning all 10,000 is out of reach)")
         return self
 
     def algo_params(self) -> dict[str, Any]:

@@ -25,6 +25,7 @@ only change where the envs are stepped.
 from __future__ import annotations
 
 import json
+import os
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -43,8 +44,9 @@ from admit.train.callbacks import (
     UpdateThreads,
 )
 from admit.train.config import TrainConfig, write_config
+from admit.train.imitation import imitate
 from admit.train.vec import BlockVecEnv
-from admit.train.worlds import Split, Worlds, with_reward
+from admit.train.worlds import SetEnv, Split, Worlds, tune_pool, with_reward
 from admit.train.wrappers import MakeEnv, MakeSetEnv, train_episode_seed_base
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -68,10 +70,12 @@ def env_factory(scenario: Scenario, kind: ActionKind, seed_base: int, seed_strid
 def worlds_of(cfg: TrainConfig, scenario: Scenario | None, split: Split) -> Worlds:
     """Where a tenant-set run's episodes come from: the family's ``split`` seeds, or the one scenario."""
     weights = cfg.reward.weights() if cfg.reward is not None else None
+    anchored = cfg.policy.anchor == "tuned"
     if cfg.family is not None:
-        return Worlds(family=cfg.family, split=split, reward=weights)
+        pool = None if cfg.family_pool is None else getattr(cfg.family_pool, split)
+        return Worlds(family=cfg.family, split=split, reward=weights, anchored=anchored, pool=pool)
     assert scenario is not None
-    return Worlds(scenario=scenario)  # training_scenario already holds the reward override
+    return Worlds(scenario=scenario, anchored=anchored)  # training_scenario already holds the reward override
 
 
 def _factory(
@@ -136,7 +140,8 @@ def build_model(cfg: TrainConfig, venv: VecEnv, tensorboard_dir: Path | None) ->
     if cfg.policy.kind == "tenant-set":
         from admit.agents.set_policy import TenantSetPolicy
 
-        policy, policy_kwargs = TenantSetPolicy, {"hidden": cfg.policy.hidden, "activation": cfg.policy.activation}
+        policy, policy_kwargs = TenantSetPolicy, {"hidden": cfg.policy.hidden, "activation": cfg.policy.activation,
+                                                  "hold_bias": cfg.policy.hold_bias}
     return ALGORITHMS[cfg.algo](
         policy,
         venv,
@@ -166,8 +171,26 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
     if scenario is not None:
         (out / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
 
+    tuning_s = 0.0
+    if cfg.policy.anchor == "tuned" or cfg.imitation is not None:
+        # every instance's caps before the envs start (worker processes read them from the cache)
+        t0 = time.perf_counter()
+        both = cfg.eval.freq > 0 and cfg.policy.anchor == "tuned"  # imitation: the train instances only
+        for split in ("train", "validation") if both else ("train",):
+            tune_pool(worlds_of(cfg, scenario, split), workers=max(1, min(2, os.cpu_count() or 1)))
+        tuning_s = time.perf_counter() - t0
     venv = make_vec_env(cfg, scenario)
     model = build_model(cfg, venv, out / "tb")
+    imitation: list[dict[str, float]] = []
+    imitation_s = 0.0
+    if cfg.imitation is not None:
+        t0 = time.perf_counter()
+        im = cfg.imitation
+        imitation = imitate(model.policy, SetEnv(worlds_of(cfg, scenario, "train"), cfg.reward_per_offered_load),
+                            rounds=im.rounds, episodes=im.episodes, noise=im.noise, dagger_episodes=im.dagger_episodes,
+                            dagger_noise=im.dagger_noise, epochs=im.epochs, lr=im.learning_rate,
+                            batch=im.batch_size, seed=cfg.seed, log=print if progress else None)
+        imitation_s = time.perf_counter() - t0
     callbacks: list[BaseCallback] = [EpisodeMetricsLogger()]
     if cfg.update_threads is not None and cfg.update_threads != cfg.torch_threads:
         callbacks.append(UpdateThreads(cfg.torch_threads, cfg.update_threads))
@@ -201,7 +224,9 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
 
     start = time.perf_counter()
     try:
-        model.learn(total_timesteps=cfg.timesteps, callback=callbacks, tb_log_name="run", reset_num_timesteps=True)
+        if cfg.timesteps > 0:
+            model.learn(total_timesteps=cfg.timesteps, callback=callbacks, tb_log_name="run",
+                        reset_num_timesteps=True)
     finally:
         wall = time.perf_counter() - start
         venv.close()
@@ -214,7 +239,10 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
         "scenario": scenario.name if scenario is not None else worlds_of(cfg, None, "train").describe(),
         "timesteps": int(model.num_timesteps),
         "wall_s": wall,
-        "env_steps_per_s": model.num_timesteps / wall if wall > 0 else float("nan"),
+        "caps_tuning_s": tuning_s,
+        "imitation_s": imitation_s,
+        "imitation": imitation,
+        "env_steps_per_s": model.num_timesteps / wall if wall > 0 and model.num_timesteps else None,
         "n_envs": cfg.n_envs,
         "vec_env": cfg.vec_env,
     }

@@ -14,6 +14,13 @@ block), divided by the instance's offered load in requests/s when ``per_offered_
 reward then reads as the fraction of arriving requests served within their objectives, on the same scale
 for an instance of 5 req/s and one of 80 req/s. Every term of ``info["reward_terms"]`` is scaled alike, and
 ``info["world"]`` names the instance.
+
+**Anchored** (``Worlds(anchored=True)``, the config's ``policy.anchor: tuned``): each episode's instance
+comes with its static:best caps (admit.evaluate.tune.tuned_caps: tuned on the tuning seeds 900000..900004,
+which no training episode uses), the env's vector carries them and its action is set_codec's anchored one.
+Tuning every instance of a 10,000-seed range is out of reach, so an anchored family run draws from a
+``pool``: the first ``pool`` seeds of the split, tuned once before training (`tune_pool`, cached like any
+static:best tuning).
 """
 
 from __future__ import annotations
@@ -59,25 +66,59 @@ class Worlds:
     family: str | None = None
     split: Split = "train"
     reward: dict[str, Any] | None = field(default=None, hash=False, compare=False)
+    anchored: bool = False
+    pool: int | None = None
 
     def __post_init__(self) -> None:
         if (self.scenario is None) == (self.family is None):
             raise ValueError("Worlds needs exactly one of scenario and family")
         if self.family is not None:
-            load_family(self.family)  # a bad name fails here, naming the bundled families
+            rng = getattr(load_family(self.family).seeds, self.split)  # a bad name fails here, naming the families
+            if self.pool is not None and not 1 <= self.pool <= rng.last - rng.first + 1:
+                raise ValueError(f"pool must be 1..{rng.last - rng.first + 1} instances of {self.family}'s "
+                                 f"{self.split} seeds, got {self.pool}")
+        elif self.pool is not None:
+            raise ValueError("pool is for a family's instances, not one scenario")
+
+    def seeds(self) -> range:
+        """The instance seeds episodes draw from (the split's range, or its first ``pool`` seeds)."""
+        rng = getattr(load_family(self.family or "").seeds, self.split)
+        last = rng.last if self.pool is None else rng.first + self.pool - 1
+        return range(rng.first, last + 1)
+
+    def instance(self, seed: int) -> Scenario:
+        return with_reward(_instance(self.family or "", seed), self.reward)
 
     def pick(self, episode_seed: int) -> Scenario:
         if self.scenario is not None:
             return with_reward(self.scenario, self.reward)
-        rng = getattr(load_family(self.family or "").seeds, self.split)
-        s = int(np.random.default_rng([episode_seed, 0x5E7]).integers(rng.first, rng.last + 1))
-        return with_reward(_instance(self.family or "", s), self.reward)
+        seeds = self.seeds()
+        s = int(np.random.default_rng([episode_seed, 0x5E7]).integers(seeds.start, seeds.stop))
+        return self.instance(s)
 
     def describe(self) -> str:
         if self.scenario is not None:
             return self.scenario.name
-        rng = getattr(load_family(self.family or "").seeds, self.split)
-        return f"{self.family}@{rng} ({self.split})"
+        seeds = self.seeds()
+        return f"{self.family}@{seeds.start}-{seeds.stop - 1} ({self.split})"
+
+
+def anchors_for(scenario: Scenario) -> list[int]:
+    """static:best's caps for ``scenario`` (tuned now and cached when no store has them)."""
+    from admit.evaluate.tune import tuned_caps  # imported on use: the anchored runs only
+
+    return list(tuned_caps(scenario).caps)
+
+
+def tune_pool(worlds: Worlds, workers: int, log: Any = None) -> dict[str, list[int]]:
+    """Tune (or find) static:best's caps for every instance an anchored ``worlds`` can draw, before the envs
+    start, so worker processes find them in the cache instead of each tuning the same instance."""
+    from admit.evaluate.tune import tuned_caps
+
+    if worlds.scenario is not None:
+        return {worlds.scenario.name: list(tuned_caps(worlds.scenario, workers=workers, log=log).caps)}
+    return {sc.name: list(tuned_caps(sc, workers=workers, log=log).caps)
+            for sc in (worlds.instance(s) for s in worlds.seeds())}
 
 
 class SetEnv(gym.Env):
@@ -89,8 +130,10 @@ class SetEnv(gym.Env):
         self.worlds = worlds
         self.per_offered_load = per_offered_load
         self.max_tenants = max_tenants
-        self.observation_space = gym.spaces.Box(0.0, FEATURE_MAX, (set_codec.set_vector_size(max_tenants),),
-                                                dtype=np.float32)
+        self.anchored = worlds.anchored
+        self.observation_space = gym.spaces.Box(
+            0.0, FEATURE_MAX, (set_codec.set_vector_size(max_tenants, self.anchored),), dtype=np.float32)
+        self.anchors: list[int] | None = None
         self.action_space = gym.spaces.MultiDiscrete(np.full(max_tenants, len(set_codec.FACTORS), dtype=np.int64))
         self._envs: OrderedDict[str, TenantAdmissionEnv] = OrderedDict()  # a few built worlds, reused
         self.inner: TenantAdmissionEnv | None = None
@@ -127,8 +170,10 @@ class SetEnv(gym.Env):
         self.limits = sc.control_spec().limits
         self.scale = 1.0 / max(offered_rps(sc), 1e-9) if self.per_offered_load else 1.0
         flat, info = self.inner.reset(seed=seed)
+        self.anchors = anchors_for(sc) if self.anchored else None
         # the episode's vector layout, checked once: set_vector of a zero observation is the template
-        self._template = set_codec.set_vector(np.zeros_like(flat), self.inner.n, self.limits, self.max_tenants)
+        self._template = set_codec.set_vector(np.zeros_like(flat), self.inner.n, self.limits, self.max_tenants,
+                                              self.anchors)
         self._g = len(flat) - self.inner.n * set_codec.N_TENANT
         info["world"] = sc.name
         return self._vec(flat), info
@@ -138,7 +183,11 @@ class SetEnv(gym.Env):
         if inner is None or inner.sim is None:
             raise RuntimeError("call reset() before step()")
         k = self.limits.max_step
-        deltas = set_codec.delta_list(np.asarray(action).reshape(-1), inner.sim.limits, self.limits)
+        choices = np.asarray(action).reshape(-1)
+        if self.anchors is None:
+            deltas = set_codec.delta_list(choices, inner.sim.limits, self.limits)
+        else:
+            deltas = set_codec.anchored_delta_list(choices, inner.sim.limits, self.anchors, self.limits)
         flat, reward, terminated, truncated, info = inner.step(np.array([d + k for d in deltas], dtype=np.int64))
         if self.scale != 1.0:
             reward *= self.scale
