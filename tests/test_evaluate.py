@@ -510,7 +510,8 @@ def test_verdict_against_any_policy_is_the_verdict_with_that_policy_first():
     assert "`robust`" in text and f"**{got['ppo:general'].outcome}**" in text
     assert wins == (verdicts(a)["ppo:general"].outcome == "wins")
     assert no_worse == (got["ppo:general"].outcome != "loses")
-    section = "\n".join(general_section([row], "### Why\n\nmeasured reasons"))
+    section = "\n".join(general_section({"ppo:general": [row]}, "### Why\n\nmeasured reasons"))
     assert f"on **{int(wins)} of 1** tables" in section and f"on **{int(no_worse)} of 1**." in section
+    assert "### `ppo:general`" in section and "ppo:anchored" not in section  # only the policies that ran
     assert section.endswith("measured reasons\n")
     assert general_row("h200-mixed", {"policies": {p: a["policies"][p] for p in pols[:3]}}) is None
