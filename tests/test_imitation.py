@@ -13,7 +13,8 @@ from admit.agents import set_codec
 from admit.agents.set_policy import TenantSetPolicy
 from admit.core.spec import Limits
 from admit.envs.scenario import load_scenario
-from admit.evaluate.tune import tuned_caps
+from admit.evaluate import tune
+from admit.evaluate.tune import TUNING_SEEDS, all_stores, pool_caps, tuned_caps
 from admit.train.imitation import expert_choices
 from admit.train.worlds import SetEnv, Worlds
 from stable_baselines3 import PPO
@@ -33,6 +34,27 @@ def test_the_expert_moves_each_limit_as_near_its_cap_as_one_decision_goes() -> N
     assert expert_choices([100], [130], lim) == [F[1.33]]  # 100 -> 116 (clipped) beats 110
     with pytest.raises(ValueError, match="2 limits and 1 caps"):
         expert_choices([1, 2], [1], lim)
+
+
+def test_pool_caps_on_fewer_seeds_are_cached_apart_from_static_best(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Imitation's cheaper targets (imitation.tune_seeds < 5) are tuned on a prefix of static:best's seeds, kept in
+    their own file and read back from it, and never seen by static:best's lookup; on all 5 seeds they are
+    static:best's caps themselves."""
+    monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path))
+    sc = load_scenario("h200-live-small")
+    one = pool_caps(sc, TUNING_SEEDS[:1], workers=1)
+    assert one.seeds == TUNING_SEEDS[:1] and len(one.caps) == len(sc.tenants)
+    path = tune.pool_path(sc, TUNING_SEEDS[:1])
+    assert one.path == path and path.exists()
+    assert all(st.path != path for st in all_stores())  # static:best never deploys it
+    stamp = path.stat().st_mtime_ns
+    tune._POOL.clear()
+    again = pool_caps(sc, TUNING_SEEDS[:1], workers=1)
+    assert again.caps == one.caps and path.stat().st_mtime_ns == stamp  # read back, not tuned again
+    assert pool_caps(sc).caps == tuned_caps(sc).caps
+    with pytest.raises(ValueError, match="non-empty prefix of 900000..900004"):
+        pool_caps(sc, (900_001,))
 
 
 def _episode_limits(model: PPO, env: SetEnv, seed: int) -> list[int]:

@@ -134,6 +134,8 @@ class ImitationConfig(_Model):
     epochs: int = Field(default=8, ge=1, le=1000, description="passes over all data after each round")
     learning_rate: float = Field(default=1e-3, gt=0)
     batch_size: int = Field(default=512, ge=1)
+    tune_seeds: int = Field(default=5, ge=1, le=5, description="the targets' tuning seeds: the first k of "
+                            "static:best's 5 (fewer is cheaper; below 5 they are cached apart, never deployed)")
 
 
 class NormalizeConfig(_Model):

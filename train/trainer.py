@@ -176,8 +176,9 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
         # every instance's caps before the envs start (worker processes read them from the cache)
         t0 = time.perf_counter()
         both = cfg.eval.freq > 0 and cfg.policy.anchor == "tuned"  # imitation: the train instances only
+        k = cfg.imitation.tune_seeds if cfg.imitation is not None and not both else 5  # anchored: static:best's own
         for split in ("train", "validation") if both else ("train",):
-            tune_pool(worlds_of(cfg, scenario, split), workers=max(1, min(2, os.cpu_count() or 1)))
+            tune_pool(worlds_of(cfg, scenario, split), workers=max(1, min(2, os.cpu_count() or 1)), tune_seeds=k)
         tuning_s = time.perf_counter() - t0
     venv = make_vec_env(cfg, scenario)
     model = build_model(cfg, venv, out / "tb")
@@ -189,7 +190,8 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
         imitation = imitate(model.policy, SetEnv(worlds_of(cfg, scenario, "train"), cfg.reward_per_offered_load),
                             rounds=im.rounds, episodes=im.episodes, noise=im.noise, dagger_episodes=im.dagger_episodes,
                             dagger_noise=im.dagger_noise, epochs=im.epochs, lr=im.learning_rate,
-                            batch=im.batch_size, seed=cfg.seed, log=print if progress else None)
+                            batch=im.batch_size, seed=cfg.seed, log=print if progress else None,
+                            tune_seeds=im.tune_seeds)
         imitation_s = time.perf_counter() - t0
     callbacks: list[BaseCallback] = [EpisodeMetricsLogger()]
     if cfg.update_threads is not None and cfg.update_threads != cfg.torch_threads:

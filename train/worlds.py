@@ -103,22 +103,22 @@ class Worlds:
         return f"{self.family}@{seeds.start}-{seeds.stop - 1} ({self.split})"
 
 
-def anchors_for(scenario: Scenario) -> list[int]:
-    """static:best's caps for ``scenario`` (tuned now and cached when no store has them)."""
-    from admit.evaluate.tune import tuned_caps  # imported on use: the anchored runs only
+def anchors_for(scenario: Scenario, tune_seeds: int = 5) -> list[int]:
+    """static:best's caps for ``scenario`` (tuned now and cached when no store has them); with ``tune_seeds``
+    below 5, the same search on the first ``tune_seeds`` of its seeds (admit.evaluate.tune.pool_caps)."""
+    from admit.evaluate.tune import TUNING_SEEDS, pool_caps  # imported on use: the anchored runs only
 
-    return list(tuned_caps(scenario).caps)
+    return list(pool_caps(scenario, TUNING_SEEDS[:tune_seeds]).caps)
 
 
-def tune_pool(worlds: Worlds, workers: int, log: Any = None) -> dict[str, list[int]]:
-    """Tune (or find) static:best's caps for every instance an anchored ``worlds`` can draw, before the envs
-    start, so worker processes find them in the cache instead of each tuning the same instance."""
-    from admit.evaluate.tune import tuned_caps
+def tune_pool(worlds: Worlds, workers: int, log: Any = None, tune_seeds: int = 5) -> dict[str, list[int]]:
+    """Tune (or find) the caps for every instance ``worlds`` can draw (`anchors_for`), before the envs start,
+    so worker processes find them in the cache instead of each tuning the same instance."""
+    from admit.evaluate.tune import TUNING_SEEDS, pool_caps
 
-    if worlds.scenario is not None:
-        return {worlds.scenario.name: list(tuned_caps(worlds.scenario, workers=workers, log=log).caps)}
-    return {sc.name: list(tuned_caps(sc, workers=workers, log=log).caps)
-            for sc in (worlds.instance(s) for s in worlds.seeds())}
+    seeds = TUNING_SEEDS[:tune_seeds]
+    scenarios = [worlds.scenario] if worlds.scenario is not None else [worlds.instance(s) for s in worlds.seeds()]
+    return {sc.name: list(pool_caps(sc, seeds, workers=workers, log=log).caps) for sc in scenarios}
 
 
 class SetEnv(gym.Env):
