@@ -9,7 +9,7 @@ from admit.engine.cli import fidelity
 from admit.envs.cli import scenarios
 from admit.evaluate.cli import evaluate, results, tune_static
 from admit.gateway.cli import gateway
-from admit.live.cli import calibrate, control, demo, sim2live
+from admit.live.cli import calibrate, control, demo, protocol, sim2live
 from admit.loadgen.cli import app as loadgen_app
 from admit.train.cli import train
 
@@ -21,7 +21,7 @@ app = typer.Typer(
 )
 app.add_typer(loadgen_app, name="loadgen")
 for verb in (scenarios, evaluate, results, tune_static, train, fidelity, calibrate, emulate, gateway, control, demo,
-             sim2live):
+             protocol, sim2live):
     app.command()(verb)
 
 

@@ -144,6 +144,8 @@ class Evaluation:
     policies: list[str]
     per_seed: dict[str, list[Episode]]
     horizon_s: float | None = None
+    metrics: Sequence[str] = METRICS  # a live protocol measures a subset (admit.live.protocol)
+    tenant_metrics: Sequence[str] = TENANT_METRICS
 
     def to_json(self) -> dict:
         """Per policy: every metric of `METRICS` summarized over seeds with its values and its paired p-value vs
@@ -162,13 +164,13 @@ class Evaluation:
         for p in self.policies:
             runs = self.per_seed[p]
             base = None if p == first else self.per_seed[first]
-            entry = _block(runs, base, METRICS)
+            entry = _block(runs, base, self.metrics)
             tenants = list(runs[0]["tenants"]) if runs else []
             entry["tenants"] = {
                 t: _block(
                     [r["tenants"][t] for r in runs],
                     None if base is None else [r["tenants"][t] for r in base],
-                    TENANT_METRICS,
+                    self.tenant_metrics,
                 )
                 for t in tenants
             }

@@ -1,5 +1,6 @@
 """The live verbs: ``admit control`` (a policy against a gateway's admin API, live/control.py), ``admit demo``
-(the whole loop on one machine, live/demo.py) and ``admit sim2live`` (simulator vs live, live/sim2live.py)."""
+(the whole loop on one machine, live/demo.py), ``admit protocol`` (repeats × policies live with statistics,
+live/protocol.py) and ``admit sim2live`` (simulator vs live, live/sim2live.py)."""
 
 from __future__ import annotations
 
@@ -120,6 +121,41 @@ def demo(
                 run_demo(scenario or str(REAL_SCENARIO), duration, policy, out, seed, workdir, console, base)
             else:
                 run_demo(scenario or "long-context-chat", duration, policy, out, seed, workdir, console)
+    except (ScenarioError, ValueError) as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+
+
+def protocol(
+    scenario: str = typer.Option(..., help="the scenario whose tenants, limits, SLOs and requests are played"),
+    policy: list[str] = typer.Option(..., help="a policy, repeated; the first is the baseline of every test"),
+    repeats: int = typer.Option(3, min=1, help="repeats: seeds seed-base, seed-base+1, ... (same requests per seed)"),
+    duration: float = typer.Option(60.0, min=1, help="seconds of the scenario's requests per run"),
+    out: Path = typer.Option(Path("results/protocol.json"), help="results JSON, written after every run; "
+                             "rerunning the same command resumes it"),
+    backend: str | None = typer.Option(
+        None, help="a running OpenAI-compatible server with vLLM's /metrics (http://HOST:PORT); default: a fresh "
+        "admit emulate per run"),
+    seed_base: int = typer.Option(0, min=0, help="the first repeat's seed"),
+    simulate: bool = typer.Option(False, help="also run the same protocol in the simulator and print it beside"),
+    plot: Path | None = typer.Option(None, help="goodput vs worst-tenant attainment (Pareto) PNG"),
+    workdir: Path | None = typer.Option(None, help="keep every run's logs and configs here (default: removed)"),
+) -> None:
+    """The study's protocol live: every policy once per repeat on the same requests (order shuffled per repeat,
+    recorded), a cool-down between runs, admit evaluate's statistics over the valid repeats."""
+    from admit.envs.scenario import ScenarioError
+    from admit.live.protocol import run_protocol
+    from admit.live.stack import cli_exit
+    from rich.console import Console
+
+    console = Console()
+    if console.width < 132:
+        console = Console(width=132)
+    base = None if backend is None else backend.rstrip("/").removesuffix("/v1")
+    try:
+        with cli_exit():
+            run_protocol(scenario, policy, repeats, duration, out, console, backend=base, seed_base=seed_base,
+                         simulate=simulate, plot=plot, workdir=workdir)
     except (ScenarioError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

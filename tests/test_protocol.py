@@ -1,0 +1,122 @@
+"""`admit protocol` (admit.live.protocol): repeats × policies live on the same requests, resumable, with
+admit evaluate's statistics; end to end against the emulator on loopback."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from admit.evaluate.verdict import verdicts
+from admit.live.protocol import METRICS, TENANT_METRICS, aggregate, run_order
+from typer.testing import CliRunner
+
+from admit.cli import app
+
+POLICIES = ["static", "static:best"]
+
+
+def test_each_repeat_runs_the_policies_in_an_order_drawn_from_its_seed() -> None:
+    pols = ["a", "b", "c", "d"]
+    orders = [run_order(pols, s) for s in range(20)]
+    assert all(sorted(o) == pols for o in orders)
+    assert orders == [run_order(pols, s) for s in range(20)]  # reproducible: the seed alone decides
+    assert len({tuple(o) for o in orders}) > 5  # and it does shuffle
+
+
+def _episode(goodput: float, attain: tuple[float, float]) -> dict[str, Any]:
+    ep: dict[str, Any] = {m: 0.0 for m in METRICS}
+    ep.update(goodput_rps=goodput, attainment=sum(attain) / 2, worst_attainment=min(attain))
+    ep["tenants"] = {n: {**{m: 0.0 for m in TENANT_METRICS}, "attainment": a, "goodput_rps": goodput / 2}
+                     for n, a in zip(("x", "y"), attain, strict=True)}
+    return ep
+
+
+def test_a_repeat_with_an_invalid_run_is_excluded_for_every_policy_and_said_why() -> None:
+    seeds = list(range(8))
+    runs = {}
+    for s in seeds:
+        for p, g in (("base", 1.0), ("new", 2.0)):
+            bad = s == 3 and p == "new"
+            runs[f"{s}/{p}"] = {"valid": not bad, "invalid_reasons": ["send lag p99 812 ms > 50 ms"] if bad else [],
+                                "episode": _episode(100.0 if bad else g + 0.01 * s, (0.9, 0.95)),
+                                "simulated": _episode(g, (0.9, 0.95))}
+    out = aggregate("sc", 30.0, ["base", "new"], seeds, runs, simulate=True)
+    assert out["valid_repeats"] == [0, 1, 2, 4, 5, 6, 7]
+    assert out["excluded"] == [{"seed": 3, "reasons": ["new: send lag p99 812 ms > 50 ms"]}]
+    res = out["results"]
+    assert res["seed_list"] == out["valid_repeats"]
+    new = res["policies"]["new"]
+    assert 100.0 not in new["goodput_rps"]["values"]  # never averaged in
+    assert len(res["policies"]["base"]["goodput_rps"]["values"]) == 7  # the baseline's run of seed 3 left out too
+    assert verdicts(res)["new"].outcome == "wins"  # 7 pairs, all higher: p < 0.05
+    assert out["simulated"]["seed_list"] == seeds  # the simulator's twin cannot fall behind: every repeat
+
+
+def test_every_invalid_repeat_leaves_no_statistics_and_says_so() -> None:
+    runs = {"0/a": {"valid": False, "invalid_reasons": ["achieved 40% of the rate"], "episode": _episode(1, (1, 1))}}
+    out = aggregate("sc", 30.0, ["a"], [0], runs, simulate=False)
+    assert out["results"] is None and out["excluded"][0]["reasons"] == ["a: achieved 40% of the rate"]
+
+
+def _cli(*args: str) -> Any:
+    return CliRunner().invoke(app, ["protocol", *args], catch_exceptions=False)
+
+
+def test_the_protocol_runs_live_on_the_emulator_resumes_and_refuses_another_protocols_file(tmp_path: Path) -> None:
+    out, plot = tmp_path / "protocol.json", tmp_path / "pareto.png"
+    args = ["--scenario", "h200-live-small", "--repeats", "2", "--duration", "6", "--simulate", "--out", str(out)]
+    for p in POLICIES:
+        args += ["--policy", p]
+    first = _cli(*args, "--plot", str(plot))
+    assert first.exit_code == 0, first.output
+    data = json.loads(out.read_text())
+    proto = data["protocol"]
+    assert proto["repeats"] == 2 and proto["policies"] == POLICIES and proto["seed_base"] == 0
+    assert sorted(data["runs"]) == ["0/static", "0/static:best", "1/static", "1/static:best"]
+    for key, rec in data["runs"].items():
+        seed, pol = key.split("/", 1)
+        assert proto["orders"][seed].index(pol) == rec["position"]
+        assert rec["valid"], rec["invalid_reasons"]  # 6 s of light load on an idle emulator: on schedule
+        ep = rec["episode"]
+        arrived = sum(t["arrived"] for t in ep["tenants"].values())
+        assert arrived > 0 and 0.0 <= ep["attainment"] <= 1.0 and ep["goodput_rps"] <= ep["throughput_rps"] + 1e-9
+        assert set(ep) - {"tenants"} == set(METRICS) and set(rec["simulated"]) == set(ep)
+        # the same requests for both policies of a repeat: common random numbers, live
+    for seed in ("0", "1"):
+        counts = {p: sum(t["arrived"] for t in data["runs"][f"{seed}/{p}"]["episode"]["tenants"].values())
+                  for p in POLICIES}
+        assert len(set(counts.values())) == 1, counts
+    assert data["valid_repeats"] == [0, 1] and data["excluded"] == []
+    for block in (data["results"], data["simulated"]):  # admit evaluate's schema, twice
+        assert list(block["policies"]) == POLICIES and block["seeds"] == 2
+        assert set(block["policies"]["static"]["tenants"]) == {"chat", "agent"}
+    assert "live against its simulated twin" in first.output and plot.stat().st_size > 0
+    walls = {k: r["wall_s"] for k, r in data["runs"].items()}
+
+    again = _cli(*args)  # the same protocol again: every run is found done, none is run twice
+    assert again.exit_code == 0, again.output
+    assert "4 runs done earlier, 0 to go" in again.output
+    assert {k: r["wall_s"] for k, r in json.loads(out.read_text())["runs"].items()} == walls
+
+    before = out.read_bytes()
+    other = CliRunner().invoke(app, ["protocol", *args, "--policy", "aimd"])
+    assert other.exit_code == 2 and "holds another protocol" in other.output and "policies" in other.output
+    assert out.read_bytes() == before  # refused, nothing lost
+
+
+@pytest.mark.parametrize(
+    ("extra", "needle"),
+    [
+        (["--scenario", "h200-live-small", "--policy", "static", "--policy", "static"], "policies must be distinct"),
+        (["--scenario", "h200-live-small", "--policy", "no-such-policy"], "no-such-policy"),
+        (["--scenario", "seed-paper", "--policy", "static"], "needs a token-engine scenario"),
+        (["--scenario", "no-such-scenario", "--policy", "static"], "unknown scenario 'no-such-scenario'"),
+    ],
+)
+def test_a_protocol_that_cannot_run_is_refused_before_any_run(tmp_path: Path, extra: list[str], needle: str) -> None:
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["protocol", *extra, "--repeats", "1", "--duration", "5", "--out", str(out)])
+    assert res.exit_code == 2 and needle in res.output, res.output
+    assert not out.exists()
