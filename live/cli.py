@@ -140,6 +140,9 @@ def protocol(
     simulate: bool = typer.Option(False, help="also run the same protocol in the simulator and print it beside"),
     plot: Path | None = typer.Option(None, help="goodput vs worst-tenant attainment (Pareto) PNG"),
     workdir: Path | None = typer.Option(None, help="keep every run's logs and configs here (default: removed)"),
+    calibration: Path | None = typer.Option(
+        None, exists=True, dir_okay=False,
+        help="an `admit calibrate --backend` result: the simulated twin runs on its fit (with --simulate)"),
 ) -> None:
     """The study's protocol live: every policy once per repeat on the same requests (order shuffled per repeat,
     recorded), a cool-down between runs, admit evaluate's statistics over the valid repeats."""
@@ -155,7 +158,7 @@ def protocol(
     try:
         with cli_exit():
             run_protocol(scenario, policy, repeats, duration, out, console, backend=base, seed_base=seed_base,
-                         simulate=simulate, plot=plot, workdir=workdir)
+                         simulate=simulate, plot=plot, workdir=workdir, calibration=calibration)
     except (ScenarioError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

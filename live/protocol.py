@@ -25,25 +25,33 @@ every policy against the first on each, overall and per tenant, and evaluate/ver
 figures are those a live run measures (`METRICS`: goodput first, attainment, the worst tenant's and Jain's
 index over tenants, TTFT / TPOT / e2e p50 and p99 from the client's side, queue timeouts, rejections, mean
 limit, throughput). A tenant with no completion has latencies 0, as in the simulator. ``simulate`` also
-runs the same protocol in the simulator (same seeds, same requests, same schema: ``simulated``) and prints
-each policy's live and simulated figures side by side with the difference.
+runs the same protocol in the simulator (same seeds, same requests, same schema: ``simulated``; on the fit of
+``calibration``, an `admit calibrate` result of the backend, when given) and prints each policy's live and
+simulated figures side by side with the difference.
 
-Not yet measured here (issue 16): the gateway's overhead, the backend's KV usage and preemptions over each
-run, and a warm-up period excluded from the figures.
+Live-only figures, per run (``runs`` in the JSON) and per policy in the printed table: the load
+generator's own validity (achieved / requested rate, send-lag p99), the backend's KV usage (mean, peak),
+preemptions and peak requests in the engine, scraped from its /metrics every second while the run is in
+flight (`BackendSampler`), and every tenant's limit after each decision. Not yet (issue 16): the gateway's
+own overhead, and a warm-up period excluded from the figures.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
 import re
 import tempfile
+import threading
 import time
+import urllib.request
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from admit.engine.presets import overriding, preset_from_calibration
 from admit.engine.request import Request
 from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
 from admit.envs.simulation import Simulation, jain
@@ -189,6 +197,81 @@ def aggregate(name: str, duration: float, policies: Sequence[str], seeds: Sequen
     return out
 
 
+class BackendSampler:
+    """The backend's /metrics scraped every ``every_s`` seconds in a thread while a run is in flight: the KV
+    cache's usage (``vllm:kv_cache_usage_perc``, its mean and peak over the samples), preemptions
+    (``vllm:num_preemptions_total``, the increase), requests running and waiting at once (peak) and the
+    backend's own request latency (``vllm:e2e_request_latency_seconds``: sum and count increases, so a mean
+    over the requests it finished). A scrape that fails is counted, never fatal."""
+
+    FAMILIES = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions", "vllm:num_requests_running",
+                "vllm:num_requests_waiting", "vllm:e2e_request_latency_seconds")
+
+    def __init__(self, url: str, every_s: float = 1.0) -> None:
+        self.url = url.rstrip("/") + "/metrics"
+        self.every_s = every_s
+        self.samples: list[dict[str, float]] = []
+        self.failures = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="backend-sampler", daemon=True)
+
+    def scrape(self) -> dict[str, float] | None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        try:
+            with urllib.request.urlopen(self.url, timeout=5) as r:
+                text = r.read().decode()
+        except OSError:
+            self.failures += 1
+            return None
+        got: dict[str, float] = {}
+        for fam in text_string_to_metric_families(text):
+            if fam.name not in self.FAMILIES:
+                continue
+            for smp in fam.samples:
+                key = {"vllm:e2e_request_latency_seconds_sum": "e2e_sum",
+                       "vllm:e2e_request_latency_seconds_count": "e2e_count"}.get(smp.name, fam.name)
+                if key.endswith("_bucket") or smp.name.endswith(("_bucket", "_created")):
+                    continue
+                got[key] = got.get(key, 0.0) + float(smp.value)  # summed over engines and models
+        return got
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            got = self.scrape()
+            if got is not None:
+                self.samples.append(got)
+            self._stop.wait(self.every_s)
+
+    def __enter__(self) -> BackendSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        got = self.scrape()  # the last word: counters after the run
+        if got is not None:
+            self.samples.append(got)
+
+    def figures(self) -> dict[str, Any]:
+        def col(k: str) -> list[float]:
+            return [x[k] for x in self.samples if k in x]
+
+        kv = col("vllm:kv_cache_usage_perc")
+        pre, e2s, e2n = col("vllm:num_preemptions"), col("e2e_sum"), col("e2e_count")
+        busy = [x.get("vllm:num_requests_running", 0.0) + x.get("vllm:num_requests_waiting", 0.0)
+                for x in self.samples]
+        done = e2n[-1] - e2n[0] if len(e2n) > 1 else 0.0
+        return {"samples": len(self.samples), "scrape_failures": self.failures,
+                "kv_usage_mean": round(sum(kv) / len(kv), 4) if kv else None,
+                "kv_usage_peak": round(max(kv), 4) if kv else None,
+                "preemptions": round(pre[-1] - pre[0]) if len(pre) > 1 else None,
+                "in_engine_peak": max(busy, default=None),
+                "backend_e2e_mean_s": round((e2s[-1] - e2s[0]) / done, 4) if done > 0 else None,
+                "backend_finished": round(done)}
+
+
 def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str, seed: int, backend: str | None,
               root: Path, tag: str) -> dict[str, Any]:
     with Stack(root / tag) as stack:
@@ -205,16 +288,21 @@ def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str,
             load = fidelity_real.real_load_config(sc, trace)
             fidelity_real.wait_idle(backend)  # the cool-down: the previous run's stragglers are done
             target = backend
-        run = run_live(stack, target, "live", gateway_config(sc), load, policy, sc.interval_s, scenario=scenario,
-                       start_on_traffic=True)
+        with BackendSampler(target) as sampler:
+            run = run_live(stack, target, "live", gateway_config(sc), load, policy, sc.interval_s,
+                           scenario=scenario, start_on_traffic=True)
+        run["backend"] = sampler.figures()
     run.pop("workdir", None)
     return run
 
 
 def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration: float, out: Path,
                  console: Console, *, backend: str | None = None, seed_base: int = 0, simulate: bool = False,
-                 plot: Path | None = None, workdir: Path | None = None) -> dict[str, Any]:
-    """Run (or resume) the protocol; write ``out`` after every run and return the final JSON (module doc)."""
+                 plot: Path | None = None, workdir: Path | None = None,
+                 calibration: Path | None = None) -> dict[str, Any]:
+    """Run (or resume) the protocol; write ``out`` after every run and return the final JSON (module doc).
+    ``calibration``: an `admit calibrate` result of the backend, whose fit the simulated twin runs on in place
+    of the scenario's preset (the live runs are not touched)."""
     if not policies:
         raise ProtocolError("give at least one --policy (the first is the baseline)")
     if len(set(policies)) != len(policies):
@@ -223,7 +311,11 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
         raise ProtocolError(f"--repeats must be >= 1, got {repeats}")
     if not duration > 0:
         raise ProtocolError(f"--duration must be > 0 seconds, got {duration}")
+    if calibration is not None and not simulate:
+        raise ProtocolError("--calibration sets the simulated twin's engine: give it with --simulate")
     sc = load_scenario(scenario, horizon_s=duration)
+    if calibration is not None and not isinstance(sc.engine, TokenEngineConfig):
+        raise ProtocolError(f"--calibration refits a token engine's preset; {scenario} has a {sc.engine.kind} engine")
     if backend is None and not isinstance(sc.engine, TokenEngineConfig):
         raise ProtocolError(f"without --backend the protocol runs the emulator, which needs a token-engine "
                             f"scenario; {scenario} has a {sc.engine.kind} engine")
@@ -258,21 +350,24 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
                                    "limits": {n: t["limits"] for n, t in live["tenants"].items()},
                                    "http_429": {n: t["http_429"] for n, t in live["tenants"].items()},
                                    "errors": {n: t["errors"] for n, t in live["tenants"].items()},
-                                   "decisions": live["decisions"], "wall_s": round(time.monotonic() - t0, 2)}
-            if simulate:
-                rec["simulated"] = sim_episode(sc, requests, p, s, full)
+                                   "decisions": live["decisions"], "backend": live["backend"],
+                                   "load": live["load"], "wall_s": round(time.monotonic() - t0, 2)}
             runs[f"{s}/{p}"] = rec
             walls.append(rec["wall_s"])
             if not rec["valid"]:
                 console.print(f"[yellow]  invalid: {'; '.join(rec['invalid_reasons'])}; repeat {s - seed_base + 1} "
                               "is left out of the statistics[/yellow]")
             _write(out, snapshot())
-    if simulate:  # runs finished before --simulate was asked for get their twin now (the simulator is cheap)
-        for s in seeds:
-            for p in policies:
-                rec = runs[f"{s}/{p}"]
-                if "simulated" not in rec:
-                    rec["simulated"] = sim_episode(sc, replay_requests(sc, s), p, s, full)
+    if simulate:  # the twin of every run, computed now (the simulator is cheap), with this command's preset
+        fitted: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
+        if calibration is not None:
+            assert isinstance(sc.engine, TokenEngineConfig), "calibration is refused for a slot engine above"
+            fitted = overriding(preset_from_calibration(json.loads(calibration.read_text()), sc.engine.preset))
+        with fitted:
+            for s in seeds:
+                requests = replay_requests(sc, s)
+                for p in policies:
+                    runs[f"{s}/{p}"]["simulated"] = sim_episode(sc, requests, p, s, full)
     data = {**snapshot(), **aggregate(sc.name, duration, policies, seeds, runs, simulate)}
     stats = data["results"]
     _write(out, data)
@@ -284,6 +379,10 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
         console.print(f"wrote {plot}")
     console.print(f"wrote {out}")
     return data
+
+
+def _f(v: float | None, digits: int) -> str:
+    return "—" if v is None else f"{v:.{digits}f}"
 
 
 def print_protocol(data: dict[str, Any], console: Console) -> None:
@@ -300,6 +399,22 @@ def print_protocol(data: dict[str, Any], console: Console) -> None:
         console.print("no valid repeat: no statistics", highlight=False, markup=False)
     else:
         print_table(data["results"], console)
+    live = Table(title="live only, over every run of each policy (valid or not)")
+    for col in ("policy", "runs", "invalid", "achieved rate (min)", "send lag p99 ms (max)", "KV usage mean",
+                "KV peak", "preemptions", "in engine (peak)"):
+        live.add_column(col, justify="left" if col == "policy" else "right")
+    for p in proto["policies"]:
+        recs = [r for r in data["runs"].values() if r["policy"] == p]
+        ach = [r["load"]["achieved_ratio"] for r in recs if r["load"]["achieved_ratio"] is not None]
+        lag = [r["load"]["send_lag_p99_ms"] for r in recs if r["load"]["send_lag_p99_ms"] is not None]
+        kvm = [r["backend"]["kv_usage_mean"] for r in recs if r["backend"]["kv_usage_mean"] is not None]
+        kvp = [r["backend"]["kv_usage_peak"] for r in recs if r["backend"]["kv_usage_peak"] is not None]
+        pre = [r["backend"]["preemptions"] for r in recs if r["backend"]["preemptions"] is not None]
+        eng = [r["backend"]["in_engine_peak"] for r in recs if r["backend"]["in_engine_peak"] is not None]
+        live.add_row(p, str(len(recs)), str(sum(not r["valid"] for r in recs)), _f(min(ach, default=None), 3),
+                     _f(max(lag, default=None), 1), _f(sum(kvm) / len(kvm) if kvm else None, 3),
+                     _f(max(kvp, default=None), 3), str(sum(pre)) if pre else "—", _f(max(eng, default=None), 0))
+    console.print(live)
     sim = data.get("simulated")
     if sim is None or data["results"] is None:
         return

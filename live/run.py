@@ -137,6 +137,8 @@ def run_live(
         "e2e_p50_s": _p50_s(stage),
         **_more_latencies(stage),
         "decisions": len(log),
+        "load": {"achieved_ratio": stage["load_summary"].get("achieved_ratio"),
+                 "send_lag_p99_ms": (stage["load_summary"].get("send_lag") or {}).get("p99")},
         "decision_log": [{k: rec[k] for k in ("time", "since_traffic_s", "decision", "deltas", "limits_after",
                                                "outcome") if k in rec} for rec in log],
         "tenants": tenants,

@@ -4,6 +4,7 @@ admit evaluate's statistics; end to end against the emulator on loopback."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -83,6 +84,11 @@ def test_the_protocol_runs_live_on_the_emulator_resumes_and_refuses_another_prot
         arrived = sum(t["arrived"] for t in ep["tenants"].values())
         assert arrived > 0 and 0.0 <= ep["attainment"] <= 1.0 and ep["goodput_rps"] <= ep["throughput_rps"] + 1e-9
         assert set(ep) - {"tenants"} == set(METRICS) and set(rec["simulated"]) == set(ep)
+        assert rec["load"]["achieved_ratio"] >= 0.9  # the load generator's own validity, kept per run
+        backend = rec["backend"]  # the emulator's /metrics, scraped while the run was in flight
+        assert backend["samples"] >= 2 and backend["scrape_failures"] == 0
+        assert 0.0 < backend["kv_usage_peak"] <= 1.0 and backend["preemptions"] >= 0
+        assert backend["backend_finished"] > 0 and backend["in_engine_peak"] >= 1
         # the same requests for both policies of a repeat: common random numbers, live
     for seed in ("0", "1"):
         counts = {p: sum(t["arrived"] for t in data["runs"][f"{seed}/{p}"]["episode"]["tenants"].values())
@@ -92,7 +98,8 @@ def test_the_protocol_runs_live_on_the_emulator_resumes_and_refuses_another_prot
     for block in (data["results"], data["simulated"]):  # admit evaluate's schema, twice
         assert list(block["policies"]) == POLICIES and block["seeds"] == 2
         assert set(block["policies"]["static"]["tenants"]) == {"chat", "agent"}
-    assert "live against its simulated twin" in first.output and plot.stat().st_size > 0
+    assert "live against its simulated twin" in first.output and "live only" in first.output
+    assert plot.stat().st_size > 0
     walls = {k: r["wall_s"] for k, r in data["runs"].items()}
 
     again = _cli(*args)  # the same protocol again: every run is found done, none is run twice
@@ -119,4 +126,41 @@ def test_a_protocol_that_cannot_run_is_refused_before_any_run(tmp_path: Path, ex
     out = tmp_path / "p.json"
     res = CliRunner().invoke(app, ["protocol", *extra, "--repeats", "1", "--duration", "5", "--out", str(out)])
     assert res.exit_code == 2 and needle in res.output, res.output
+    assert not out.exists()
+
+
+VLLM_URL = os.environ.get("ADMIT_VLLM_URL", "").rstrip("/").removesuffix("/v1")
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+@pytest.mark.skipif(not VLLM_URL, reason="ADMIT_VLLM_URL is unset (make test starts a real vLLM server)")
+def test_one_repeat_of_the_protocol_in_front_of_real_vllm(tmp_path: Path) -> None:
+    """One short repeat, two policies, against scripts/vllm_server.sh's real vLLM engine, with the simulated
+    twin: the runs are valid, the backend figures come from vLLM's own /metrics, the tables print."""
+    from admit.live.fidelity_real import SCENARIO
+
+    out = tmp_path / "real.json"
+    res = _cli("--backend", VLLM_URL, "--scenario", str(SCENARIO), "--policy", "static", "--policy", "aimd",
+               "--repeats", "1", "--duration", "20", "--simulate", "--out", str(out))
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["protocol"]["backend"] == VLLM_URL and data["valid_repeats"] == [0]
+    for rec in data["runs"].values():
+        assert rec["valid"], rec["invalid_reasons"]
+        assert sum(t["completed"] for t in rec["episode"]["tenants"].values()) > 0
+        backend = rec["backend"]
+        assert backend["scrape_failures"] == 0 and backend["preemptions"] is not None  # vLLM's own counter
+        assert 0.0 < backend["kv_usage_peak"] <= 1.0 and backend["backend_finished"] > 0
+    assert list(data["results"]["policies"]) == ["static", "aimd"] and data["simulated"]["seeds"] == 1
+    assert "live against its simulated twin" in res.output
+
+
+def test_a_calibration_is_for_the_simulated_twin_only(tmp_path: Path) -> None:
+    cal = tmp_path / "calibration.json"
+    cal.write_text("{}")
+    out = tmp_path / "p.json"
+    res = CliRunner().invoke(app, ["protocol", "--scenario", "h200-live-small", "--policy", "static", "--repeats",
+                                   "1", "--duration", "5", "--calibration", str(cal), "--out", str(out)])
+    assert res.exit_code == 2 and "give it with --simulate" in res.output, res.output
     assert not out.exists()
