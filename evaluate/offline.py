@@ -188,6 +188,14 @@ def p_values_vs(data: dict, base: str, metrics: Sequence[str] = METRICS) -> dict
     }
 
 
+def check_policies(policies: Sequence[str]) -> None:
+    """At least one policy (the first is the baseline of every test), each named once; ValueError otherwise."""
+    if not policies:
+        raise ValueError("give at least one --policy (the first is the baseline)")
+    if len(set(policies)) != len(policies):
+        raise ValueError(f"policies must be distinct, got {list(policies)}")
+
+
 def evaluate(
     scenario: str | Scenario,
     policies: Sequence[str],
@@ -197,10 +205,7 @@ def evaluate(
     progress: Callable[[int, int], None] | None = None,
 ) -> Evaluation:
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
-    if not policies:
-        raise ValueError("give at least one --policy")
-    if len(set(policies)) != len(policies):
-        raise ValueError(f"policies must be distinct, got {list(policies)}")
+    check_policies(policies)
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
     for p in policies:  # fail fast on a bad name, before any work

@@ -57,7 +57,7 @@ from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
 from admit.envs.simulation import Simulation, jain
 from admit.evaluate.offline import METRICS as ALL_METRICS
 from admit.evaluate.offline import TENANT_METRICS as ALL_TENANT_METRICS
-from admit.evaluate.offline import Episode, Evaluation, make_bound
+from admit.evaluate.offline import Episode, Evaluation, check_policies, make_bound
 from admit.live.run import run_live
 from admit.live.sim2live import DRAIN_S, gateway_config, load_config, replay_requests, write_trace
 from admit.live.stack import Stack
@@ -303,10 +303,7 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
     """Run (or resume) the protocol; write ``out`` after every run and return the final JSON (module doc).
     ``calibration``: an `admit calibrate` result of the backend, whose fit the simulated twin runs on in place
     of the scenario's preset (the live runs are not touched)."""
-    if not policies:
-        raise ProtocolError("give at least one --policy (the first is the baseline)")
-    if len(set(policies)) != len(policies):
-        raise ProtocolError(f"policies must be distinct, got {list(policies)}")
+    check_policies(policies)
     if repeats < 1:
         raise ProtocolError(f"--repeats must be >= 1, got {repeats}")
     if not duration > 0:
@@ -319,6 +316,13 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
     if backend is None and not isinstance(sc.engine, TokenEngineConfig):
         raise ProtocolError(f"without --backend the protocol runs the emulator, which needs a token-engine "
                             f"scenario; {scenario} has a {sc.engine.kind} engine")
+    fit = None  # read now, so that a bad file fails before the runs, not after them
+    if calibration is not None:
+        assert isinstance(sc.engine, TokenEngineConfig)
+        try:
+            fit = preset_from_calibration(json.loads(calibration.read_text()), sc.engine.preset)
+        except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+            raise ProtocolError(f"--calibration {calibration}: {exc}") from None
     full = load_scenario(scenario)  # what the live control loop binds its policy to (`sim_episode`)
     for p in policies:  # a bad name fails here, before any run
         make_bound(p, full).reset(sc.control_spec(), seed_base)
@@ -359,11 +363,7 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
                               "is left out of the statistics[/yellow]")
             _write(out, snapshot())
     if simulate:  # the twin of every run, computed now (the simulator is cheap), with this command's preset
-        fitted: contextlib.AbstractContextManager[None] = contextlib.nullcontext()
-        if calibration is not None:
-            assert isinstance(sc.engine, TokenEngineConfig), "calibration is refused for a slot engine above"
-            fitted = overriding(preset_from_calibration(json.loads(calibration.read_text()), sc.engine.preset))
-        with fitted:
+        with contextlib.nullcontext() if fit is None else overriding(fit):
             for s in seeds:
                 requests = replay_requests(sc, s)
                 for p in policies:

@@ -164,3 +164,7 @@ def test_a_calibration_is_for_the_simulated_twin_only(tmp_path: Path) -> None:
                                    "1", "--duration", "5", "--calibration", str(cal), "--out", str(out)])
     assert res.exit_code == 2 and "give it with --simulate" in res.output, res.output
     assert not out.exists()
+    res = CliRunner().invoke(app, ["protocol", "--scenario", "h200-live-small", "--policy", "static", "--repeats",
+                                   "1", "--duration", "5", "--simulate", "--calibration", str(cal), "--out", str(out)])
+    assert res.exit_code == 2 and "not an `admit calibrate` result" in res.output, res.output  # before any run
+    assert not out.exists()
