@@ -137,7 +137,8 @@ class RunConfig:
         _check(self.max_retries >= 0, "max_retries", self.max_retries, "an integer >= 0")
         _check(self.retry_budget >= 0, "retry_budget", self.retry_budget, "a ratio >= 0")
         _check(self.throttle_k >= 1, "throttle_k", self.throttle_k, "a multiplier >= 1")
-        _check(self.warmup >= 0, "warmup", self.warmup, "seconds >= 0")
+        _check(0 <= self.warmup < self.duration, "warmup", self.warmup,
+               f"seconds >= 0 and < the stage's duration ({self.duration:g} s)")
         for key, value in self.slo.items():
             _check(key in SLO_KEYS, f"slo.{key}", key, f"one of {', '.join(SLO_KEYS)}")
             _check(value > 0, f"slo.{key}", value, "milliseconds > 0")

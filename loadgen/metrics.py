@@ -15,6 +15,12 @@ A non-streamed request (``stream: false``) has one "token time", the first byte 
 gets ``ttft``, ``e2e``, ``ntpot`` and their scheduled views, and no ``itl`` or ``tpot``.
 
 All values are integer nanoseconds.
+
+A stage's **warm-up** (``warmup`` seconds): a request *scheduled* before ``t0 + warmup`` is sent and
+answered like any other but counted only in ``warmup_scheduled`` / ``warmup_completed`` /
+``warmup_failed``; every other figure — latencies, ``ok``, ``good``, statuses, errors, retries, tokens — is
+over the requests scheduled after it. ``scheduled`` and ``sent`` (and the send lag) count every request,
+because the generator must keep its schedule through the warm-up too.
 """
 
 from __future__ import annotations
@@ -35,6 +41,8 @@ LATENCY_METRICS = (
     "ntpot_sched",
     "send_lag",
 )
+COUNTERS = ("scheduled", "sent", "ok", "good", "retries", "prompt_tokens", "output_tokens", "warmup_scheduled",
+            "warmup_completed", "warmup_failed")
 SLO_METRIC = {"ttft_ms": "ttft", "tpot_ms": "tpot", "itl_ms": "itl", "e2e_ms": "e2e", "ntpot_ms": "ntpot"}
 
 
@@ -52,6 +60,10 @@ class TenantMetrics:
     output_tokens: int = 0
     errors: dict[str, int] = field(default_factory=dict)
     status: dict[str, int] = field(default_factory=dict)
+    # requests scheduled in the stage's warm-up: sent and answered like the others, counted only here
+    warmup_scheduled: int = 0
+    warmup_completed: int = 0
+    warmup_failed: int = 0
 
     def count_error(self, reason: str) -> None:
         self.errors[reason] = self.errors.get(reason, 0) + 1
@@ -67,7 +79,7 @@ class TenantMetrics:
     def merge(self, other: TenantMetrics) -> TenantMetrics:
         for name, h in other.hist.items():
             self.hist.setdefault(name, Histogram()).merge(h)
-        for attr in ("scheduled", "sent", "ok", "good", "retries", "prompt_tokens", "output_tokens"):
+        for attr in COUNTERS:
             setattr(self, attr, getattr(self, attr) + getattr(other, attr))
         for src, dst in ((other.errors, self.errors), (other.status, self.status)):
             for k, v in src.items():
@@ -86,12 +98,15 @@ class TenantMetrics:
             "output_tokens": self.output_tokens,
             "errors": dict(self.errors),
             "status": dict(self.status),
+            "warmup_scheduled": self.warmup_scheduled,
+            "warmup_completed": self.warmup_completed,
+            "warmup_failed": self.warmup_failed,
         }
 
     @classmethod
     def from_dict(cls, data: dict) -> TenantMetrics:
         m = cls(hist={k: Histogram.from_dict(v) for k, v in data["hist"].items()})
-        for attr in ("scheduled", "sent", "ok", "good", "retries", "prompt_tokens", "output_tokens"):
+        for attr in COUNTERS:
             setattr(m, attr, int(data[attr]))
         m.errors = {str(k): int(v) for k, v in data["errors"].items()}
         m.status = {str(k): int(v) for k, v in data["status"].items()}

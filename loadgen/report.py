@@ -47,9 +47,14 @@ def hist_stats(h: Histogram) -> dict[str, Any]:
     return out
 
 
-def _block(m: TenantMetrics, span_s: float, scheduled: int, duration_s: float, send_span_s: float) -> dict[str, Any]:
+def _block(m: TenantMetrics, span_s: float, scheduled: int, duration_s: float, send_span_s: float,
+           warmup_s: float = 0.0) -> dict[str, Any]:
+    """One tenant's (or the total's) figures. ``load_summary`` covers the whole stage; with a warm-up,
+    ``requests``, ``latency``, ``throughput``, ``errors`` and ``status`` cover the requests scheduled after it
+    (rates over ``span_s - warmup_s``), and ``warmup`` counts the others (metrics.py)."""
     sent = m.sent
-    return {
+    span_s = max(span_s - warmup_s, 1e-9)
+    out = {
         "load_summary": {
             "scheduled": scheduled,
             "sent": sent,
@@ -68,6 +73,10 @@ def _block(m: TenantMetrics, span_s: float, scheduled: int, duration_s: float, s
         "errors": dict(sorted(m.errors.items())),
         "status": dict(sorted(m.status.items())),
     }
+    if warmup_s > 0:
+        out["warmup"] = {"seconds": warmup_s, "scheduled": m.warmup_scheduled, "completed": m.warmup_completed,
+                         "failed": m.warmup_failed}
+    return out
 
 
 def stage_summary(r: StageResult) -> dict[str, Any]:
@@ -81,8 +90,9 @@ def stage_summary(r: StageResult) -> dict[str, Any]:
         "target_rate": round(r.target_rate, 3),
         "duration_s": r.duration_s,
         "wall_s": round((r.end - r.t0) / 1e9, 3),
+        "started_unix": round(r.started_unix, 6),
     }
-    out.update(_block(total, span_s, r.scheduled, r.duration_s, r.send_span_s))
+    out.update(_block(total, span_s, r.scheduled, r.duration_s, r.send_span_s, r.warmup_s))
     out["load_summary"]["achieved_ratio"] = round(r.achieved_ratio, 4)
     out["generator"] = {
         "workers": r.workers,
@@ -94,7 +104,8 @@ def stage_summary(r: StageResult) -> dict[str, Any]:
         "min_achieved": r.min_achieved,
     }
     out["tenants"] = {
-        name: _block(m, span_s, r.per_tenant_scheduled.get(name, m.scheduled), r.duration_s, r.send_span_s)
+        name: _block(m, span_s, r.per_tenant_scheduled.get(name, m.scheduled), r.duration_s, r.send_span_s,
+                     r.warmup_s)
         for name, m in r.tenants.items()
     }
     for name, slo in r.per_tenant_slo.items():  # the tenant's objectives (seconds) beside its latencies (ms)

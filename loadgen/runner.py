@@ -57,6 +57,8 @@ class StageResult:
     min_achieved: float
     per_tenant_scheduled: dict[str, int] = field(default_factory=dict)
     per_tenant_slo: dict[str, dict[str, float]] = field(default_factory=dict)  # the objectives that are set
+    warmup_s: float = 0.0
+    started_unix: float = 0.0  # t0 on the wall clock (time.time()), to line the stage up with other logs
 
     @property
     def total(self) -> TenantMetrics:
@@ -194,6 +196,7 @@ def run_stage(
             if msg[0] != "ready":
                 raise StageError(msg[1])
         t0 = monotonic_ns() + int(START_DELAY_S * NS)
+        started_unix = time.time() + (t0 - monotonic_ns()) / NS
         for pipe in pipes:
             pipe.send(("start", t0))
         deadline = time.monotonic() + START_DELAY_S + cfg.duration + cfg.timeout * (cfg.max_retries + 1) + 30.0
@@ -242,6 +245,8 @@ def run_stage(
         min_achieved=cfg.min_achieved,
         per_tenant_scheduled=dict(zip(names, schedule.count_by_tenant(len(names)), strict=True)),
         per_tenant_slo={t.name: t.slo.given() for t in cfg.tenants if t.slo.given()},
+        warmup_s=cfg.warmup,
+        started_unix=started_unix,
     )
 
 

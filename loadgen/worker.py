@@ -90,8 +90,10 @@ class Worker:
         self.n = len(self.offsets)
         self.payloads: list[bytes] = []
         self.metrics = [TenantMetrics() for _ in job.templates]
-        for t in self.tenant_of:
+        for t, off in zip(self.tenant_of, self.offsets, strict=True):
             self.metrics[t].scheduled += 1
+            if off < job.warmup_ns:
+                self.metrics[t].warmup_scheduled += 1
         self.idle: list[Connection] = []
         self.busy: set[Connection] = set()
         self.opening = 0
@@ -184,7 +186,10 @@ class Worker:
         if self.throttles is not None:
             now_s = monotonic_ns() / NS
             if self.throttles[a.tenant].should_reject(now_s, self.rng.random()):
-                m.count_error("throttled_client")
+                if self._warm(a):
+                    m.warmup_failed += 1
+                else:
+                    m.count_error("throttled_client")
                 return
         if first and self.budgets is not None:
             self.budgets[a.tenant].on_first_attempt(monotonic_ns() / NS)
@@ -249,8 +254,9 @@ class Worker:
         delay = min(max(delay, 0.0), self.job.timeout_s)
         if now + int(delay * NS) - a.sched > self.timeout_ns:
             return False
-        self.metrics[a.tenant].retries += 1
-        self.metrics[a.tenant].count_status(a.status)
+        if not self._warm(a):
+            self.metrics[a.tenant].retries += 1
+            self.metrics[a.tenant].count_status(a.status)
         nxt = Attempt(a.index, a.tenant, a.sched, a.attempt + 1)
         self.pending_retries += 1
         self.loop.call_later(delay, self._fire_retry, nxt)
@@ -270,15 +276,22 @@ class Worker:
             else:
                 return
 
+    def _warm(self, a: Attempt) -> bool:
+        """Whether ``a`` was scheduled in the warm-up (metrics.py: counted apart)."""
+        return a.sched - self.t0 < self.job.warmup_ns
+
     def _record(self, a: Attempt, now: int, reason: str | None) -> None:
         m = self.metrics[a.tenant]
+        if self._warm(a):
+            if reason is None:
+                m.warmup_completed += 1
+            else:
+                m.warmup_failed += 1
+            return
         if a.status:
             m.count_status(a.status)
         if reason is not None:
             m.count_error(reason)
-            return
-        if a.sched - self.t0 < self.job.warmup_ns:
-            m.ok += 1
             return
         h = m.hist
         times = a.times

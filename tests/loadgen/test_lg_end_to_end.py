@@ -1,6 +1,7 @@
 """The generator against a real mock server process on loopback, through the real CLI and runner."""
 
 import json
+import time
 
 import pytest
 from admit.loadgen.cli import app
@@ -296,3 +297,31 @@ def test_a_tenants_own_per_request_objectives_decide_its_good_requests(mock_serv
     assert tight.ok > 0 and tight.good == 0
     assert loose.ok > 0 and loose.good == loose.ok  # a p99 objective is not a per-request one
     assert shared.ok > 0 and shared.good == 0
+
+
+def test_requests_scheduled_in_the_warmup_are_served_but_counted_apart(mock_server, tmp_path):
+    """``warmup``: the first W seconds' requests are sent and answered, counted in ``warmup`` alone; every
+    other figure covers the rest, the load summary the whole stage (metrics.py)."""
+    url = mock_server(ttft_ms=TTFT_MS, itl_ms=ITL_MS)
+    p = tmp_path / "warm.yaml"
+    p.write_text("\n".join([
+        f"url: {url}", "model: mock", "duration: 2", "warmup: 0.5", "workers: 2",
+        "tenants:",
+        f"  - {{name: grid, rate: 20, arrival: constant, output: {TOKENS}}}",  # sends at 0, 0.05, ..., 1.95 s
+    ]))
+    out = tmp_path / "out"
+    before = time.time()
+    res = CliRunner().invoke(app, ["run", "-c", str(p), "--out", str(out), "--no-plot"])
+    assert res.exit_code == 0, res.output
+    s = json.loads((out / "stage_0.json").read_text())
+    assert before < s["started_unix"] < time.time() - 2  # the stage's t0 on the wall clock: it ran 2 s after
+    for block in (s, s["tenants"]["grid"]):
+        assert block["warmup"] == {"seconds": 0.5, "scheduled": 10, "completed": 10, "failed": 0}
+        assert block["load_summary"]["scheduled"] == block["load_summary"]["sent"] == 40  # the whole stage
+        assert block["requests"]["completed"] == block["requests"]["good"] == 30  # the 30 after it
+        assert block["latency"]["time_to_first_token"]["count"] == 30
+        assert block["status"] == {"200": 30}
+    span = max(s["wall_s"], 2.0) - 0.5
+    assert s["throughput"]["requests_per_s"] == pytest.approx(30 / span, abs=0.01)  # over the span after it
+    bad = CliRunner().invoke(app, ["run", "-c", str(p), "--warmup", "2", "--out", str(tmp_path / "bad")])
+    assert bad.exit_code == 2 and "warmup: 2.0 is not allowed" in bad.output and not (tmp_path / "bad").exists()
