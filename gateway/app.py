@@ -88,6 +88,8 @@ class Record:
     queue_wait_s: float | None = None
     ttft_s: float | None = None
     e2e_s: float | None = None
+    up_t0: float = 0.0  # when the request went to the backend
+    backend_ttft_s: float | None = None  # from then to the backend's first body bytes (a whole body if unstreamed)
     status: int = 0
     outcome: str = ""
     started: bool = False  # the answer's status line has been sent
@@ -96,6 +98,13 @@ class Record:
     n_tenant: int = -1  # the tenant's index, once known
     left: bool = False  # the client went away and the request's task was cancelled for it
     logged: bool = False  # its metrics, telemetry and request-log line are written (once, before the last byte)
+
+    def overhead_s(self) -> float | None:
+        """The gateway's own time in the request's TTFT: reading and parsing it, charging its envelopes,
+        sending it upstream and its first bytes on (TTFT less the queue wait and the backend's TTFT)."""
+        if self.ttft_s is None or self.backend_ttft_s is None:
+            return None
+        return max(0.0, self.ttft_s - (self.queue_wait_s or 0.0) - self.backend_ttft_s)
 
     def line(self) -> dict[str, Any]:
         return {
@@ -106,6 +115,8 @@ class Record:
             "queue_wait_s": _r(self.queue_wait_s),
             "ttft_s": _r(self.ttft_s),
             "e2e_s": _r(self.e2e_s),
+            "backend_ttft_s": _r(self.backend_ttft_s),
+            "overhead_s": _r(self.overhead_s()),
             "outcome": self.outcome,
             "status": self.status,
             "model": self.model,
@@ -463,6 +474,7 @@ class Gateway:
     async def _forward(self, scope: Scope, send: Send, raw: bytes, rec: Record) -> bool:
         """Proxy one admitted request; False when it never reached the backend."""
         path = scope["path"] + ("?" + scope["query_string"].decode("latin-1") if scope.get("query_string") else "")
+        rec.up_t0 = self.clock()
         try:
             resp = await self.upstream.request("POST", path, raw)
         except NoBackend as exc:
@@ -482,6 +494,7 @@ class Gateway:
                 ok = await self._whole(send, resp, headers, rec)  # one write instead of a chunked stream
                 return True
             chunk = await resp.next_chunk()
+            rec.backend_ttft_s = self.clock() - rec.up_t0
             if rec.stream and resp.status == 200 and chunk.startswith(_ERROR_EVENT) and _event_code(chunk) == 503:
                 # vLLM checks its admission cap again once the stream's 200 is written and then streams the
                 # refusal as the only event; the status line waited for it, so the client gets a real 503
@@ -582,7 +595,9 @@ class Gateway:
             log.warning("backend answer of tenant %s broke: %s", rec.tenant, exc)
             await self._fail(send, rec, HttpError(502, "backend-broken", "the backend broke off its answer"))
             return False
-        rec.ttft_s = self.clock() - rec.t0
+        now = self.clock()
+        rec.ttft_s = now - rec.t0
+        rec.backend_ttft_s = now - rec.up_t0
         usage = _body_usage(body)
         rec.output_tokens = 0
         if usage:

@@ -20,6 +20,8 @@ REQUEST_LOG_KEYS = (
     "queue_wait_s",
     "ttft_s",
     "e2e_s",
+    "backend_ttft_s",
+    "overhead_s",
     "outcome",
     "status",
     "model",

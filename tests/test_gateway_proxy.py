@@ -6,6 +6,7 @@ import asyncio
 import socket
 import time
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import openai
@@ -100,6 +101,34 @@ def test_request_log_lines_are_complete_and_replayable(gw: GatewayProcess, tmp_p
     assert plain["tenant"] == "alpha" and plain["model"] == "mock"
     trace = read_jsonl(gw.request_log_path, tenant="alpha")  # `admit loadgen` reads the log as a trace
     assert len(trace.arrivals) >= 2 and (trace.arrivals >= 0).all()
+
+
+def test_the_log_splits_ttft_into_queue_wait_backend_and_the_gateways_own_part(tmp_path: Path) -> None:
+    """A backend 150 ms to its first token and a limit of 1: of two requests at once the second waits for the
+    first. Each line's ``backend_ttft_s`` holds the backend's 150 ms, ``queue_wait_s`` the wait, and
+    ``overhead_s`` only what is left of the TTFT (the gateway's own work), far below either."""
+    slow = CountingMock(ttft_ms=150, itl_ms=1)
+    g = GatewayProcess(tmp_path, slow.url, {"tenants": [tenant_cfg("alpha", limit=1)]})
+    try:
+        c = client(g)
+
+        def one(tag: str) -> None:
+            for _ in c.with_options(default_headers={"x-admit-step-id": tag}).completions.create(
+                    model="mock", prompt="a b", max_tokens=3, stream=True):
+                pass
+
+        with ThreadPoolExecutor(2) as pool:
+            list(pool.map(one, ["first", "second"]))
+        lines = wait_for(lambda: ls if len(ls := g.request_log()) == 2 else [], 10, "two log lines")
+        for x in lines:
+            assert x["outcome"] == "ok" and 0.15 <= x["backend_ttft_s"] < x["ttft_s"]
+            assert x["overhead_s"] == pytest.approx(x["ttft_s"] - x["queue_wait_s"] - x["backend_ttft_s"], abs=3e-6)
+        waited = max(lines, key=lambda x: x["queue_wait_s"])
+        assert waited["queue_wait_s"] >= 0.15  # the second waited for the first's whole answer
+        assert waited["ttft_s"] >= 0.3 and waited["overhead_s"] < 0.1  # neither the wait nor the backend in it
+    finally:
+        g.stop()
+        slow.stop()
 
 
 def test_log_line_exists_when_the_client_has_the_answer(gw: GatewayProcess) -> None:
