@@ -174,12 +174,19 @@ class RunStats:
 
 
 class Simulation:
-    def __init__(self, scenario: Scenario, seed: int, *, requests: Sequence[Request] | None = None) -> None:
+    def __init__(self, scenario: Scenario, seed: int, *, requests: Sequence[Request] | None = None,
+                 warmup_s: float = 0.0) -> None:
         """The world of ``scenario`` at t = 0, on the seed's requests or on ``requests`` (copied, never mutated).
 
         ``requests`` must be in arrival order and name the scenario's tenants by index; the seed still
         seeds everything else (the engine's random service times come from each request's ``u_service``).
+        ``warmup_s``: requests that arrive before it are served like any other but counted in
+        ``warmup_totals``, not ``totals`` (so in no summary, whose rates are over ``horizon_s - warmup_s``),
+        as `admit loadgen`'s warm-up counts them apart.
         """
+        if not 0 <= warmup_s < scenario.horizon_s:
+            raise ValueError(f"warmup_s must be >= 0 and < the horizon ({scenario.horizon_s:g} s), got {warmup_s}")
+        self.warmup_s = float(warmup_s)
         self.scenario = scenario
         self.spec = scenario.control_spec()
         self.seed = int(seed)
@@ -205,6 +212,7 @@ class Simulation:
         self._queued_tokens = [0.0] * n  # prompt tokens of each tenant's requests in the admission queue
         self._preemptions = PreemptionWindow(scenario.window_s)
         self.totals = [TenantTotals() for _ in range(n)]
+        self.warmup_totals = [TenantTotals() for _ in range(n)]
         self._taken = [IntervalCounts() for _ in range(n)]  # the totals' counts at the last take_interval_totals
         slo = [(t.slo_e2e_p99_s, t.slo_ttft_p99_s) for t in self.spec.tenants]
         self._slo = slo
@@ -359,7 +367,8 @@ class Simulation:
 
     def _arrive(self, r: Request, t: float) -> None:
         k = r.tenant
-        self.totals[k].arrived += 1
+        tot = self.totals[k] if r.arrival >= self.warmup_s else self.warmup_totals[k]
+        tot.arrived += 1
         self.windows[k].on_arrival(t)
         res = self.core.offer(k, r)
         if res is Offer.ADMITTED:
@@ -368,18 +377,20 @@ class Simulation:
         elif res is Offer.QUEUED:
             self._queued_tokens[k] += r.prompt_tokens
         elif res is Offer.REJECTED:
-            self.totals[k].rejected += 1
+            tot.rejected += 1
             self.windows[k].on_rejection(t)
 
     def _drop(self, k: int, r: Request, t: float) -> None:
         self._queued_tokens[k] -= r.prompt_tokens
-        self.totals[k].dropped += 1
+        (self.totals[k] if r.arrival >= self.warmup_s else self.warmup_totals[k]).dropped += 1
         self.windows[k].on_drop(t)
 
     def _finish(self, r: Request, t: float) -> None:
         k = r.tenant
         tot, b_ttft, b_tpot, b_e2e, slo_e2e, slo_ttft, on_completion = self._per_tenant[k]
         arrival = r.arrival
+        if arrival < self.warmup_s:
+            tot = self.warmup_totals[k]
         e2e = t - arrival
         ttft = r.first_token - arrival
         out = r.output_tokens
@@ -403,12 +414,12 @@ class Simulation:
     def summary(self) -> dict[str, float]:
         """Episode metrics over all tenants: goodput and attainment, throughput, latency percentiles, drops,
         Jain's fairness (`episode_metrics`)."""
-        return episode_metrics(self.totals, self.horizon_s)
+        return episode_metrics(self.totals, self.horizon_s - self.warmup_s)
 
     def tenant_summary(self) -> dict[str, dict[str, float]]:
         """`tenant_metrics` of every tenant, by name."""
-        return {t.name: tenant_metrics(tot, self.horizon_s) for t, tot in zip(self.spec.tenants, self.totals,
-                                                                                strict=True)}
+        span = self.horizon_s - self.warmup_s
+        return {t.name: tenant_metrics(tot, span) for t, tot in zip(self.spec.tenants, self.totals, strict=True)}
 
 
 def run_decisions(sim: Simulation | CompiledSimulation, controller: Controller, until: float | None,

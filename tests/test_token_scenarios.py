@@ -100,3 +100,29 @@ def test_evaluate_runs_on_a_token_scenario():
     ev = evaluate(short("h200-mixed", 60.0), ["static", "static:16"], seeds=2).to_json()
     for p in ("static", "static:16"):
         assert ev["policies"][p]["throughput_rps"]["mean"] > 0
+
+
+def test_a_warmup_serves_its_requests_but_keeps_them_out_of_every_figure():
+    """``warmup_s``: the same world, decision for decision; the requests that arrived before it are counted in
+    ``warmup_totals`` alone, so totals + warm-up totals are the run without one, and rates are over the rest."""
+    from admit.controllers.registry import make_controller
+
+    sc = load_scenario("h200-live-small", horizon_s=40.0)
+    runs = []
+    for warm in (0.0, 10.0):
+        ctrl = make_controller("aimd")  # it reacts to what it sees: a warm-up that changed the world shows here
+        ctrl.reset(sc.control_spec(), 2)
+        sim = Simulation(sc, 2, warmup_s=warm)
+        runs.append((sim, sim.run(ctrl, until=sc.horizon_s + 30)))
+    (plain, plain_stats), (warm, warm_stats) = runs
+    assert plain_stats == warm_stats  # the same decisions and limits
+    early = sum(1 for r in plain.requests if r.arrival < 10.0 and r.arrival < sc.horizon_s)
+    assert early > 0 and sum(t.arrived for t in warm.warmup_totals) == early
+    for k in range(len(sc.tenants)):
+        for field in ("arrived", "completed", "good", "dropped", "rejected", "output_tokens"):
+            assert getattr(warm.totals[k], field) + getattr(warm.warmup_totals[k], field) == \
+                getattr(plain.totals[k], field), field
+        assert sorted(warm.totals[k].e2e + warm.warmup_totals[k].e2e) == sorted(plain.totals[k].e2e)
+    assert warm.summary()["goodput_rps"] == pytest.approx(sum(t.good for t in warm.totals) / 30.0)
+    with pytest.raises(ValueError, match="warmup_s must be >= 0 and < the horizon"):
+        Simulation(sc, 2, warmup_s=40.0)
