@@ -143,6 +143,10 @@ def protocol(
     calibration: Path | None = typer.Option(
         None, exists=True, dir_okay=False,
         help="an `admit calibrate --backend` result: the simulated twin runs on its fit (with --simulate)"),
+    warmup: float = typer.Option(0.0, help="seconds at each run's start whose requests are served but left out "
+                                 "of every figure (live and simulated); must be < --duration"),
+    load: float = typer.Option(1.0, help="every tenant's Poisson rate times this (e.g. 2: twice the scenario's "
+                               "load, where admission starts to matter)"),
 ) -> None:
     """The study's protocol live: every policy once per repeat on the same requests (order shuffled per repeat,
     recorded), a cool-down between runs, admit evaluate's statistics over the valid repeats."""
@@ -158,7 +162,8 @@ def protocol(
     try:
         with cli_exit():
             run_protocol(scenario, policy, repeats, duration, out, console, backend=base, seed_base=seed_base,
-                         simulate=simulate, plot=plot, workdir=workdir, calibration=calibration)
+                         simulate=simulate, plot=plot, workdir=workdir, calibration=calibration, warmup=warmup,
+                         load=load)
     except (ScenarioError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

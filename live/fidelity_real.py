@@ -33,7 +33,6 @@ from typing import Any
 from admit.engine.presets import overriding, preset_from_calibration
 from admit.envs.family import scenario_load
 from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
-from admit.envs.workload import Poisson
 from admit.live.run import run_live
 from admit.live.sim2live import (
     align_decisions,
@@ -57,15 +56,23 @@ TARGETS = {"central": 0.15, "tails": 0.25}
 PROMPT_NUMBER_TOKENS = 2  # the request number that starts each prompt: 1-3 digits, one token each
 
 
+# what multiplies an arrival process's rate: its rates (a burst process's on and off rates, a ramp's ends), or a
+# trace's speed-up
+_RATE_FIELDS = ("rate", "rate_start", "rate_on", "rate_off", "speedup")
+
+
 def scaled(sc: Scenario, load: float) -> Scenario:
-    """The scenario with every tenant's Poisson rate times ``load``."""
+    """The scenario with every tenant's arrival rate times ``load``: each rate of its arrival process (Poisson,
+    constant, gamma, diurnal, ramp; both of an MMPP's), a trace's speed-up; the shape is kept."""
     if load <= 0:
         raise ValueError(f"a load must be > 0, got {load:g}")
     tenants = []
     for t in sc.tenants:
-        if not isinstance(t.arrival, Poisson):
-            raise ValueError(f"--load scales Poisson arrivals; tenant {t.name!r} has {t.arrival.kind}")
-        tenants.append(t.model_copy(update={"arrival": t.arrival.model_copy(update={"rate": t.arrival.rate * load})}))
+        a = t.arrival
+        update = {f: getattr(a, f) * load for f in _RATE_FIELDS if isinstance(getattr(a, f, None), int | float)}
+        if not update:
+            raise ValueError(f"--load scales arrival rates; tenant {t.name!r} has {a.kind} arrivals, which have none")
+        tenants.append(t.model_copy(update={"arrival": a.model_copy(update=update)}))
     return sc.model_copy(update={"tenants": tenants, "name": f"{sc.name}@{load:g}"})
 
 

@@ -32,8 +32,14 @@ simulated figures side by side with the difference.
 Live-only figures, per run (``runs`` in the JSON) and per policy in the printed table: the load
 generator's own validity (achieved / requested rate, send-lag p99), the backend's KV usage (mean, peak),
 preemptions and peak requests in the engine, scraped from its /metrics every second while the run is in
-flight (`BackendSampler`), and every tenant's limit after each decision. Not yet (issue 16): the gateway's
-own overhead, and a warm-up period excluded from the figures.
+flight (`BackendSampler`), every tenant's limit after each decision, and the gateway's own overhead
+(admit.live.run.gateway_overhead: its part of each request's TTFT, queue wait and backend excluded, p50 / p99,
+and the client's mean TTFT less the gateway's).
+
+``warmup`` seconds at the start of every run are served but left out of every figure, live (the load
+generator counts those requests apart; the gateway's log is cut at the same instant) and simulated
+(`Simulation`'s ``warmup_s``). ``load`` multiplies every tenant's Poisson rate (admit.live.fidelity_real.scaled),
+for the live runs, the twin and the scenario a policy is bound to alike.
 """
 
 from __future__ import annotations
@@ -51,6 +57,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import yaml
 from admit.engine.presets import overriding, preset_from_calibration
 from admit.engine.request import Request
 from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
@@ -124,14 +131,15 @@ def live_episode(run: dict[str, Any]) -> Episode:
 
 
 def sim_episode(sc: Scenario, requests: list[Request], policy: str, seed: int,
-                bound: Scenario | None = None) -> Episode:
+                bound: Scenario | None = None, warmup_s: float = 0.0) -> Episode:
     """The policy on exactly ``requests`` in the simulator (drained after the horizon, as a live run's load
     generator waits for its answers), as an Episode of the same figures. ``bound``: the scenario a policy that
     needs one (static:best) is bound to — the whole scenario, as the live control loop binds it, not ``sc``
-    cut to the protocol's duration (whose caps nobody tuned)."""
+    cut to the protocol's duration (whose caps nobody tuned). ``warmup_s``: requests arriving before it are
+    served but left out of the figures, as the live run's load generator leaves them out."""
     ctrl = make_bound(policy, bound or sc)
     ctrl.reset(sc.control_spec(), seed)
-    sim = Simulation(sc, seed, requests=requests)
+    sim = Simulation(sc, seed, requests=requests, warmup_s=warmup_s)
     stats = sim.run(ctrl, until=sc.horizon_s + DRAIN_S, name=policy)
     summary = sim.summary()
     ep: Episode = {m: float(v) for m, v in summary.items() if m in METRICS}
@@ -142,9 +150,15 @@ def sim_episode(sc: Scenario, requests: list[Request], policy: str, seed: int,
     return ep
 
 
-def _identity(scenario: str, policies: Sequence[str], duration: float, seed_base: int, backend: str | None) -> dict:
+# what a protocol file written before a field existed means by its absence
+_IDENTITY_DEFAULTS = {"warmup_s": 0.0, "load": 1.0}
+
+
+def _identity(scenario: str, policies: Sequence[str], duration: float, seed_base: int, backend: str | None,
+              warmup: float = 0.0, load: float = 1.0) -> dict:
     return {"format": FORMAT, "scenario": scenario, "policies": list(policies), "duration_s": duration,
-            "seed_base": seed_base, "backend": backend or "admit emulate (a fresh one per run)"}
+            "seed_base": seed_base, "backend": backend or "admit emulate (a fresh one per run)", "warmup_s": warmup,
+            "load": load}
 
 
 def _load_state(out: Path, ident: dict[str, Any]) -> dict[str, Any]:
@@ -157,7 +171,8 @@ def _load_state(out: Path, ident: dict[str, Any]) -> dict[str, Any]:
         raise ProtocolError(f"{out} exists but is not a protocol's JSON ({e}); give another --out or remove "
                             "it") from None
     old = data.get("protocol", {}) if isinstance(data, dict) else {}
-    diff = [f"{k} {old.get(k)!r} (asked: {v!r})" for k, v in ident.items() if old.get(k) != v]
+    diff = [f"{k} {old.get(k, _IDENTITY_DEFAULTS.get(k))!r} (asked: {v!r})" for k, v in ident.items()
+            if old.get(k, _IDENTITY_DEFAULTS.get(k)) != v]
     if diff:
         raise ProtocolError(f"{out} holds another protocol ({'; '.join(diff)}); give another --out to keep both, "
                             "or remove it to start again")
@@ -273,7 +288,7 @@ class BackendSampler:
 
 
 def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str, seed: int, backend: str | None,
-              root: Path, tag: str) -> dict[str, Any]:
+              root: Path, tag: str, warmup: float = 0.0) -> dict[str, Any]:
     with Stack(root / tag) as stack:
         trace = stack.workdir / "requests.jsonl"
         if backend is None:
@@ -288,6 +303,7 @@ def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str,
             load = fidelity_real.real_load_config(sc, trace)
             fidelity_real.wait_idle(backend)  # the cool-down: the previous run's stragglers are done
             target = backend
+        load["warmup"] = warmup
         with BackendSampler(target) as sampler:
             run = run_live(stack, target, "live", gateway_config(sc), load, policy, sc.interval_s,
                            scenario=scenario, start_on_traffic=True)
@@ -299,18 +315,31 @@ def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str,
 def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration: float, out: Path,
                  console: Console, *, backend: str | None = None, seed_base: int = 0, simulate: bool = False,
                  plot: Path | None = None, workdir: Path | None = None,
-                 calibration: Path | None = None) -> dict[str, Any]:
+                 calibration: Path | None = None, warmup: float = 0.0, load: float = 1.0) -> dict[str, Any]:
     """Run (or resume) the protocol; write ``out`` after every run and return the final JSON (module doc).
     ``calibration``: an `admit calibrate` result of the backend, whose fit the simulated twin runs on in place
-    of the scenario's preset (the live runs are not touched)."""
+    of the scenario's preset (the live runs are not touched). ``warmup``: each run's first seconds, served but
+    left out of every figure, live and simulated. ``load``: every tenant's Poisson rate times this."""
     check_policies(policies)
     if repeats < 1:
         raise ProtocolError(f"--repeats must be >= 1, got {repeats}")
     if not duration > 0:
         raise ProtocolError(f"--duration must be > 0 seconds, got {duration}")
+    if not 0 <= warmup < duration:
+        raise ProtocolError(f"--warmup must be >= 0 and < --duration ({duration:g} s), got {warmup:g}")
+    if not load > 0:
+        raise ProtocolError(f"--load must be > 0 (a multiple of the scenario's rates), got {load:g}")
     if calibration is not None and not simulate:
         raise ProtocolError("--calibration sets the simulated twin's engine: give it with --simulate")
     sc = load_scenario(scenario, horizon_s=duration)
+    full = load_scenario(scenario)  # what the live control loop binds its policy to (`sim_episode`)
+    if load != 1.0:
+        from admit.live.fidelity_real import scaled
+
+        try:
+            sc, full = scaled(sc, load), scaled(full, load)
+        except ValueError as exc:
+            raise ProtocolError(str(exc)) from None
     if calibration is not None and not isinstance(sc.engine, TokenEngineConfig):
         raise ProtocolError(f"--calibration refits a token engine's preset; {scenario} has a {sc.engine.kind} engine")
     if backend is None and not isinstance(sc.engine, TokenEngineConfig):
@@ -323,10 +352,9 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
             fit = preset_from_calibration(json.loads(calibration.read_text()), sc.engine.preset)
         except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
             raise ProtocolError(f"--calibration {calibration}: {exc}") from None
-    full = load_scenario(scenario)  # what the live control loop binds its policy to (`sim_episode`)
     for p in policies:  # a bad name fails here, before any run
         make_bound(p, full).reset(sc.control_spec(), seed_base)
-    ident = _identity(scenario, policies, duration, seed_base, backend)
+    ident = _identity(scenario, policies, duration, seed_base, backend, warmup, load)
     runs = _load_state(out, ident)
     seeds = [seed_base + r for r in range(repeats)]
     orders = {s: run_order(policies, s) for s in seeds}
@@ -341,6 +369,11 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
     walls: list[float] = []
     with tempfile.TemporaryDirectory(prefix="admit-protocol-") as tmp:
         root = workdir or Path(tmp)
+        bound_to = scenario  # how the live control loop finds the scenario its policy is bound to
+        if load != 1.0:  # the scaled scenario, as a file `admit control --scenario` reads
+            root.mkdir(parents=True, exist_ok=True)
+            bound_to = str(root / "scenario.yaml")
+            Path(bound_to).write_text(yaml.safe_dump(full.model_dump(mode="json", exclude_unset=True), sort_keys=False))
         requests_of: dict[int, list[Request]] = {}
         for i, (s, p) in enumerate(todo):
             requests = requests_of.setdefault(s, replay_requests(sc, s))
@@ -348,14 +381,16 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
             console.print(f"[{i + 1}/{len(todo)}{eta}] repeat {s - seed_base + 1}/{repeats} (seed {s}), "
                           f"{p}: {len(requests)} requests over {duration:g} s ...")
             t0 = time.monotonic()
-            live = _one_live(sc, scenario, requests, p, s, backend, root, f"{s}-{re.sub(r'[^A-Za-z0-9_.-]', '_', p)}")
+            live = _one_live(sc, bound_to, requests, p, s, backend, root, f"{s}-{re.sub(r'[^A-Za-z0-9_.-]', '_', p)}",
+                             warmup)
             rec: dict[str, Any] = {"seed": s, "policy": p, "position": orders[s].index(p), "valid": live["valid"],
                                    "invalid_reasons": live["invalid_reasons"], "episode": live_episode(live),
                                    "limits": {n: t["limits"] for n, t in live["tenants"].items()},
                                    "http_429": {n: t["http_429"] for n, t in live["tenants"].items()},
                                    "errors": {n: t["errors"] for n, t in live["tenants"].items()},
                                    "decisions": live["decisions"], "backend": live["backend"],
-                                   "load": live["load"], "wall_s": round(time.monotonic() - t0, 2)}
+                                   "load": live["load"], "gateway": live["gateway"],
+                                   "wall_s": round(time.monotonic() - t0, 2)}
             runs[f"{s}/{p}"] = rec
             walls.append(rec["wall_s"])
             if not rec["valid"]:
@@ -367,7 +402,7 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
             for s in seeds:
                 requests = replay_requests(sc, s)
                 for p in policies:
-                    runs[f"{s}/{p}"]["simulated"] = sim_episode(sc, requests, p, s, full)
+                    runs[f"{s}/{p}"]["simulated"] = sim_episode(sc, requests, p, s, full, warmup)
     data = {**snapshot(), **aggregate(sc.name, duration, policies, seeds, runs, simulate)}
     stats = data["results"]
     _write(out, data)
@@ -390,8 +425,10 @@ def print_protocol(data: dict[str, Any], console: Console) -> None:
     from admit.evaluate.report import print_table
 
     proto = data["protocol"]
+    extra = "".join([f", load × {proto['load']:g}" if proto.get("load", 1.0) != 1.0 else "",
+                     f", first {proto['warmup_s']:g} s a warm-up" if proto.get("warmup_s") else ""])
     console.print(f"admit protocol: {proto['scenario']}, {proto['repeats']} repeats × {len(proto['policies'])} "
-                  f"policies, {proto['duration_s']:g} s each, on {proto['backend']}; valid repeats "
+                  f"policies, {proto['duration_s']:g} s each{extra}, on {proto['backend']}; valid repeats "
                   f"{len(data['valid_repeats'])} of {proto['repeats']}", highlight=False, markup=False)
     for ex in data["excluded"]:
         console.print(f"excluded: seed {ex['seed']}: {'; '.join(ex['reasons'])}", highlight=False, markup=False)
@@ -401,7 +438,7 @@ def print_protocol(data: dict[str, Any], console: Console) -> None:
         print_table(data["results"], console)
     live = Table(title="live only, over every run of each policy (valid or not)")
     for col in ("policy", "runs", "invalid", "achieved rate (min)", "send lag p99 ms (max)", "KV usage mean",
-                "KV peak", "preemptions", "in engine (peak)"):
+                "KV peak", "preemptions", "in engine (peak)", "gateway ms p50", "gateway ms p99 (max)"):
         live.add_column(col, justify="left" if col == "policy" else "right")
     for p in proto["policies"]:
         recs = [r for r in data["runs"].values() if r["policy"] == p]
@@ -411,9 +448,12 @@ def print_protocol(data: dict[str, Any], console: Console) -> None:
         kvp = [r["backend"]["kv_usage_peak"] for r in recs if r["backend"]["kv_usage_peak"] is not None]
         pre = [r["backend"]["preemptions"] for r in recs if r["backend"]["preemptions"] is not None]
         eng = [r["backend"]["in_engine_peak"] for r in recs if r["backend"]["in_engine_peak"] is not None]
+        gw = [r["gateway"] for r in recs if r.get("gateway", {}).get("p50_ms") is not None]  # older files: none
+        g50 = sorted(g["p50_ms"] for g in gw)
         live.add_row(p, str(len(recs)), str(sum(not r["valid"] for r in recs)), _f(min(ach, default=None), 3),
                      _f(max(lag, default=None), 1), _f(sum(kvm) / len(kvm) if kvm else None, 3),
-                     _f(max(kvp, default=None), 3), str(sum(pre)) if pre else "—", _f(max(eng, default=None), 0))
+                     _f(max(kvp, default=None), 3), str(sum(pre)) if pre else "—", _f(max(eng, default=None), 0),
+                     _f(g50[len(g50) // 2] if g50 else None, 2), _f(max((g["p99_ms"] for g in gw), default=None), 2))
     console.print(live)
     sim = data.get("simulated")
     if sim is None or data["results"] is None:

@@ -2,15 +2,20 @@
 
 `run_live` starts the gateway with the given tenants, the control loop with the given policy (waiting
 until the policy is loaded, so a slow import is not part of the measured run), replays the load, reads
-the gateway's counters, stops the gateway and the loop, and returns one row per tenant: completions,
-throughput, TTFT and e2e p99 as the client measured them (from its send, so gateway queueing is
-included), 429s by reason from the gateway, and the limits the loop set. Used by `admit demo` and
-`admit sim2live`.
+the gateway's state and request log, stops the gateway and the loop, and returns one row per tenant:
+completions, throughput, TTFT and e2e p99 as the client measured them (from its send, so gateway queueing
+is included), 429s by reason from the gateway's request log, and the limits the loop set; and for the run,
+the gateway's own overhead (`gateway_overhead`). With a warm-up in the load (``warmup`` seconds), every
+figure covers the requests scheduled after it: the load generator counts the others apart, and the
+gateway's log lines are taken from the stage's start on the wall clock plus the warm-up (a request
+scheduled just before that edge may land past it by its send lag, a few milliseconds). Used by `admit
+demo`, `admit sim2live` and `admit protocol`.
 """
 
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +56,35 @@ def _limits(decisions: list[dict[str, Any]]) -> dict[str, list[int]]:
         for k, v in items:
             out.setdefault(str(k), []).append(int(v))
     return out
+
+
+def read_request_log(path: Path, since_unix: float) -> list[dict[str, Any]]:
+    """The gateway's request-log lines of tenants' requests that arrived at or after ``since_unix``."""
+    if not path.is_file():
+        return []
+    rows = (json.loads(line) for line in path.read_text().split("\n")[:-1] if line.strip())
+    return [r for r in rows if r.get("tenant") is not None and r["arrival"] >= since_unix]
+
+
+def _ms(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    s = sorted(values)
+    return round(s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))] * 1000, 3)  # nearest rank
+
+
+def gateway_overhead(lines: list[dict[str, Any]], client_ttft_mean_ms: float | None) -> dict[str, Any]:
+    """The gateway's own part of each answered request's TTFT (its log's ``overhead_s``: reading, parsing,
+    charging, sending upstream and the first bytes on; queue wait and backend excluded), p50 / p99 / mean in
+    ms, and ``client_gap_mean_ms``: the client's mean TTFT less the gateway's (the loopback hop and the HTTP
+    stacks outside the gateway's clock), over the same requests."""
+    own = [r["overhead_s"] for r in lines if r.get("overhead_s") is not None and r["outcome"] == "ok"]
+    ttft = [r["ttft_s"] for r in lines if r.get("ttft_s") is not None and r["outcome"] == "ok"]
+    gap = None
+    if client_ttft_mean_ms is not None and ttft:
+        gap = round(client_ttft_mean_ms - sum(ttft) / len(ttft) * 1000, 3)
+    return {"requests": len(own), "p50_ms": _ms(own, 50), "p99_ms": _ms(own, 99),
+            "mean_ms": round(sum(own) / len(own) * 1000, 3) if own else None, "client_gap_mean_ms": gap}
 
 
 def run_live(
@@ -98,27 +132,31 @@ def run_live(
     stage = json.loads(summary_path.read_text())["stages"][0]
     log = read_decisions(decisions)
     limits = _limits(log)
+    warmup = float(load_cfg.get("warmup", 0.0))
+    span = duration - warmup  # what the figures cover: the requests scheduled after the warm-up
+    lines = read_request_log(work / "requests.jsonl", float(stage["started_unix"]) + warmup)
     tenants: dict[str, Any] = {}
     for name, block in stage["tenants"].items():
         gst = state["tenants"].get(name, {})
         done = block["requests"]["completed"]
         good = int(block["requests"]["good"])
-        scheduled = int(block["load_summary"]["scheduled"])
+        scheduled = int(block["load_summary"]["scheduled"]) - int(block.get("warmup", {}).get("scheduled", 0))
+        outcomes = [r["outcome"] for r in lines if r["tenant"] == name]
         tenants[name] = {
             "scheduled": scheduled,
             "sent": block["load_summary"]["sent"],
             "completed": done,
             "good": good,
-            "goodput_rps": round(good / duration, 4),
+            "goodput_rps": round(good / span, 4),
             "attainment": round(good / scheduled, 4) if scheduled else None,
-            "throughput_rps": round(done / duration, 4),
+            "throughput_rps": round(done / span, 4),
             "ttft_p99_s": _p99_s(block, "time_to_first_token"),
             "e2e_p99_s": _p99_s(block, "request_latency"),
             "e2e_p50_s": _p50_s(block),
             **_more_latencies(block),
             "http_429": int(block["status"].get("429", 0)),
-            "queue_full": int(gst.get("queue_full", 0)),
-            "ttl_expired": int(gst.get("ttl_expired", 0)),
+            "queue_full": outcomes.count("queue-full"),  # the gateway's log, by arrival after the warm-up
+            "ttl_expired": outcomes.count("ttl-expired"),
             "errors": block["errors"],
             "final_limit": gst.get("limit"),
             "limits": limits.get(name, []),
@@ -127,15 +165,17 @@ def run_live(
     return {
         "policy": policy or "none",
         "duration_s": duration,
+        "warmup_s": warmup,
         "valid": stage["valid"],
         "invalid_reasons": stage["invalid_reasons"],
         "completed": done_all,
-        "throughput_rps": round(done_all / duration, 4),
-        "goodput_rps": round(sum(t["good"] for t in tenants.values()) / duration, 4),
+        "throughput_rps": round(done_all / span, 4),
+        "goodput_rps": round(sum(t["good"] for t in tenants.values()) / span, 4),
         "ttft_p99_s": _p99_s(stage, "time_to_first_token"),
         "e2e_p99_s": _p99_s(stage, "request_latency"),
         "e2e_p50_s": _p50_s(stage),
         **_more_latencies(stage),
+        "gateway": gateway_overhead(lines, stage["latency"]["time_to_first_token"]["mean"]),
         "decisions": len(log),
         "load": {"achieved_ratio": stage["load_summary"].get("achieved_ratio"),
                  "send_lag_p99_ms": (stage["load_summary"].get("send_lag") or {}).get("p99")},

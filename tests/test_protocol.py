@@ -113,6 +113,37 @@ def test_the_protocol_runs_live_on_the_emulator_resumes_and_refuses_another_prot
     assert out.read_bytes() == before  # refused, nothing lost
 
 
+def test_a_warmup_and_a_load_reach_the_live_runs_the_twin_and_the_file(tmp_path: Path) -> None:
+    """``--warmup 3 --load 1.5``: each run plays the scenario's requests at 1.5 × its rates, and the requests of
+    the first 3 s are served but counted neither live nor in the twin, so both count exactly the requests that
+    arrive after it; the gateway's own part of the TTFT is measured per run; another warm-up is another
+    protocol."""
+    from admit.envs.scenario import load_scenario
+    from admit.live.fidelity_real import scaled
+    from admit.live.sim2live import replay_requests
+
+    out = tmp_path / "p.json"
+    args = ["--scenario", "h200-live-small", "--policy", "static", "--policy", "aimd", "--repeats", "1",
+            "--duration", "8", "--warmup", "3", "--load", "1.5", "--simulate", "--out", str(out)]
+    res = _cli(*args)
+    assert res.exit_code == 0, res.output
+    assert "load × 1.5, first 3 s a warm-up" in res.output
+    data = json.loads(out.read_text())
+    assert data["protocol"]["warmup_s"] == 3.0 and data["protocol"]["load"] == 1.5
+    requests = replay_requests(scaled(load_scenario("h200-live-small", horizon_s=8.0), 1.5), 0)
+    after = sum(r.arrival >= 3.0 for r in requests)
+    assert 0 < after < len(requests)
+    for rec in data["runs"].values():
+        live = sum(t["arrived"] for t in rec["episode"]["tenants"].values())
+        twin = sum(t["arrived"] for t in rec["simulated"]["tenants"].values())
+        assert live == twin == after, (live, twin, after)
+        gw = rec["gateway"]  # the gateway's own part of each answered request's TTFT
+        assert gw["requests"] > 0 and 0 <= gw["p50_ms"] <= gw["p99_ms"]
+        assert gw["p50_ms"] < rec["episode"]["ttft_p50_s"] * 1000  # the backend's part is not in it
+    other = CliRunner().invoke(app, ["protocol", *[a if a != "3" else "2" for a in args]])
+    assert other.exit_code == 2 and "warmup_s 3.0 (asked: 2.0)" in other.output, other.output
+
+
 @pytest.mark.parametrize(
     ("extra", "needle"),
     [
@@ -120,6 +151,8 @@ def test_the_protocol_runs_live_on_the_emulator_resumes_and_refuses_another_prot
         (["--scenario", "h200-live-small", "--policy", "no-such-policy"], "no-such-policy"),
         (["--scenario", "seed-paper", "--policy", "static"], "needs a token-engine scenario"),
         (["--scenario", "no-such-scenario", "--policy", "static"], "unknown scenario 'no-such-scenario'"),
+        (["--scenario", "h200-live-small", "--policy", "static", "--warmup", "5"], "--warmup must be >= 0 and <"),
+        (["--scenario", "h200-live-small", "--policy", "static", "--load", "0"], "--load must be > 0"),
     ],
 )
 def test_a_protocol_that_cannot_run_is_refused_before_any_run(tmp_path: Path, extra: list[str], needle: str) -> None:

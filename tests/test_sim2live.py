@@ -130,8 +130,12 @@ def test_real_backend_loads_scale_rates_and_errors_are_against_the_real_figures(
     assert heavy.name.endswith("@1.6") and sc.tenants[0].arrival.rate == 0.5  # the original is untouched
     with pytest.raises(ValueError, match="must be > 0"):
         fr.scaled(sc, 0)
-    with pytest.raises(ValueError, match="scales Poisson arrivals"):
-        fr.scaled(load_scenario("h200-live-small"), 2.0)  # its agent tenant is MMPP
+    burst = load_scenario("h200-live-small")  # its agent tenant is MMPP: both rates scale, the phases do not
+    agent, twice = burst.tenants[1].arrival, fr.scaled(burst, 2.0).tenants[1].arrival
+    assert (twice.rate_on, twice.rate_off) == (2 * agent.rate_on, 2 * agent.rate_off)
+    assert (twice.mean_on_s, twice.mean_off_s) == (agent.mean_on_s, agent.mean_off_s)
+    trace = load_scenario("h200-azure-2023")  # trace replay: its speed-up
+    assert [t.arrival.speedup for t in fr.scaled(trace, 3.0).tenants] == [3 * t.arrival.speedup for t in trace.tenants]
     # (sim - real) / real, per scope; the summary's medians over the scopes
     one = {m: 1.0 for m in fr.METRICS}
     sim = {**one, "ttft_p50_s": 1.2, "tenants": {"a": {**one, "e2e_p99_s": 0.5}}}
