@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import faulthandler
 import logging
 import os
+import signal
 from pathlib import Path
 
 import typer
@@ -27,6 +29,8 @@ def gateway(
     from admit.gateway.server import run, run_workers
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    # `kill -USR1 PID` writes every thread's stack to stderr: where a gateway that stopped answering is stuck
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
         cfg = load_config(config)
     except ConfigError as exc:

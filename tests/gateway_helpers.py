@@ -16,6 +16,7 @@ The start-up deadlines are generous (a minute): they only bound a process that n
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import resource
@@ -255,8 +256,22 @@ class GatewayProcess:
         headers = {"Authorization": f"Bearer {token}"}
         if actor:
             headers["x-admit-actor"] = actor
-        status, _, data = http(method, self.url + path, body, headers)
+        try:  # the bound only catches a hang: a loaded 2-core machine can take seconds to answer
+            status, _, data = http(method, self.url + path, body, headers, timeout=30)
+        except TimeoutError:
+            raise AssertionError(f"the gateway did not answer {method} {path} within 30 s; "
+                                 f"{self.stacks()}") from None
         return status, json.loads(data) if data else None
+
+    def stacks(self) -> str:
+        """What the gateway is doing now: its threads' stacks (SIGUSR1, gateway/cli.py) and stderr's tail."""
+        if self.proc.poll() is not None:
+            return f"it exited with status {self.proc.returncode}; its stderr ends:\n{self.stderr()[-4000:]}"
+        before = len(self.stderr())
+        self.proc.send_signal(signal.SIGUSR1)
+        with contextlib.suppress(StackError):
+            poll(lambda: "most recent call first" in self.stderr()[before:], 5, "the gateway's stacks")
+        return f"its stacks and stderr:\n{self.stderr()[-6000:]}"
 
     def state(self) -> dict[str, Any]:
         status, body = self.admin("GET", "/admin/state")

@@ -131,6 +131,13 @@ def test_the_log_splits_ttft_into_queue_wait_backend_and_the_gateways_own_part(t
         slow.stop()
 
 
+def test_sigusr1_writes_the_gateways_stacks_and_it_keeps_serving(gw: GatewayProcess) -> None:
+    """An operator's (and a failing test's) look inside a gateway that stopped answering."""
+    assert "File " in gw.stacks() and 'in run' in gw.stderr()  # uvloop's run: the event loop's frame
+    assert gw.proc.poll() is None
+    assert client(gw).completions.create(model="mock", prompt="a", max_tokens=2).choices
+
+
 def test_log_line_exists_when_the_client_has_the_answer(gw: GatewayProcess) -> None:
     """No waiting: the line is written before the answer's last byte (streamed, whole, and an error)."""
     c = client(gw)

@@ -167,6 +167,7 @@ def _most_at_engine(gw: GatewayProcess, tenant: str, n: int, limit: int) -> tupl
                 queued = max(queued, gw.state()["tenants"][tenant]["queue_depth"])
                 if most >= limit and queued >= n - limit:
                     extra -= 1
+                time.sleep(0.02)  # a scrape interval: the held requests cannot finish meanwhile (docstring)
         finally:
             # once streams close, the gateway frees a slot as soon as it sees the client leave, a moment before
             # vLLM drops the aborted request: later scrapes may see limit + 1 briefly, so none is counted
