@@ -151,8 +151,10 @@ def loadgen(stack: Stack, url: str, tag: str, rate: float, output: int, duration
         raise RuntimeError(f"loadgen {tag} failed:\n{stack.log(name).read_text()[-2000:]}")
     s = json.loads((work / "summary.json").read_text())["stages"][0]
     lat = s["latency"]["request_latency"]
-    sent = s["load_summary"]["sent"]
-    errors = sum(s["errors"].values())
+    sent = s["load_summary"]["sent"]  # the whole stage, as the proxy's CPU time is: the warm-up's requests too
+    warm = s.get("warmup", {})
+    errors = sum(s["errors"].values()) + warm.get("failed", 0)
+    done = s["requests"]["completed"] + warm.get("completed", 0)
     return {"rate": rate, "output": output, "p50_ms": lat["p50"], "p99_ms": lat["p99"],
             "achieved_rate": s["load_summary"]["achieved_rate"],
             "achieved_ratio": s["load_summary"]["achieved_ratio"], "completed": s["requests"]["completed"],
@@ -160,7 +162,7 @@ def loadgen(stack: Stack, url: str, tag: str, rate: float, output: int, duration
             "invalid": s["invalid_reasons"],
             "send_lag_p99_ms": s["load_summary"]["send_lag"]["p99"],
             "proxy_cpu_ms_per_request": None if proxy_cpu is None
-            else round(1000 * proxy_cpu / max(s["requests"]["completed"], 1), 3)}
+            else round(1000 * proxy_cpu / max(done, 1), 3)}
 
 
 def main() -> None:
