@@ -151,6 +151,26 @@ def _cpu_smollm2() -> Preset:
 
 
 PRESETS["cpu-smollm2"] = _cpu_smollm2()
+_COMMITTED = dict(PRESETS)  # what `overriding` may replace for a while
+
+
+def override_of(name: str) -> Preset | None:
+    """The preset in effect under ``name`` if `overriding` put another in place of the committed one (say, a
+    fresh `admit calibrate` fit), else None. What was tuned on one engine must not be found for the other
+    (evaluate/tune.py's fingerprint takes it in)."""
+    p = PRESETS.get(name)
+    return None if p is None or p == _COMMITTED.get(name) else p
+
+
+def overrides() -> dict[str, Preset]:
+    """Every preset `overriding` has put in place now, by name: what a worker process must install
+    (`install`) to simulate the same engines whatever its start method."""
+    return {n: p for n in PRESETS if (p := override_of(n)) is not None}
+
+
+def install(presets: dict[str, Preset]) -> None:
+    """Put ``presets`` in place for the rest of this process (a pool worker's initializer)."""
+    PRESETS.update(presets)
 
 
 @contextlib.contextmanager

@@ -70,7 +70,8 @@ from typing import Any
 
 from admit.controllers.static import StaticController
 from admit.core.spec import ControlSpec, Limits
-from admit.envs.scenario import Scenario, bundled_scenarios, load_scenario
+from admit.engine.presets import install, override_of, overrides
+from admit.envs.scenario import Scenario, TokenEngineConfig, bundled_scenarios, load_scenario
 
 Caps = tuple[int, ...]
 Objective = Callable[[Sequence[Caps]], list[float]]
@@ -99,7 +100,11 @@ def fingerprint(scenario: Scenario) -> str:
     """sha256 of the scenario's parsed content as set (``exclude_unset``: a field the schema gains later, with
     a default, does not make every stored tuning stale), without its name, description and reward weights."""
     data = scenario.model_dump(mode="json", exclude_unset=True, exclude=_FINGERPRINT_EXCLUDES)
-    text = json.dumps({"fingerprint": 1, "scenario": data}, sort_keys=True, separators=(",", ":"))
+    payload: dict[str, Any] = {"fingerprint": 1, "scenario": data}
+    engine = scenario.engine
+    if isinstance(engine, TokenEngineConfig) and (other := override_of(engine.preset)) is not None:
+        payload["preset"] = asdict(other)  # the same scenario on another engine (a calibrated fit): other caps
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 
@@ -557,7 +562,9 @@ def tune_static(
     grid = log_grid(lim)
     start: Caps = (lim.initial,) * n
     t0 = time.perf_counter()
-    pool = ProcessPoolExecutor(max_workers=workers) if workers > 1 else None
+    # the workers simulate the engines in effect here, a calibrated fit included, however they start
+    pool = ProcessPoolExecutor(max_workers=workers, initializer=install, initargs=(overrides(),)) \
+        if workers > 1 else None
     try:
         ob = SimObjective(sc, seeds, pool, workers, race_margin, progress)
         say = (lambda w: log(describe_sweep(w, names))) if log is not None else None

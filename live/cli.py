@@ -4,13 +4,22 @@ live/protocol.py) and ``admit sim2live`` (simulator vs live, live/sim2live.py)."
 
 from __future__ import annotations
 
+import contextlib
+import json
 import logging
 import os
 import re
 from dataclasses import replace
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:  # imported where used: `admit --help` stays fast
+    from admit.core.controller import Controller
+    from admit.core.spec import ControlSpec
+    from admit.envs.scenario import Scenario
+    from admit.live.control import GatewayClient
 
 
 def parse_interval(text: str) -> float:
@@ -37,18 +46,27 @@ def control(
     steps: int | None = typer.Option(None, min=1, help="stop after this many decisions (default: run until killed)"),
     start_on_traffic: bool = typer.Option(
         False, help="decide once now, then every interval from the first request's arrival (the simulator's clock)"),
+    calibration: Path | None = typer.Option(
+        None, exists=True, dir_okay=False,
+        help="with --scenario: an `admit calibrate` result of the backend; the policy is bound to the scenario on "
+        "that fit of the engine (static:best deploys caps tuned on it) instead of the scenario's preset"),
 ) -> None:
     """Drive the gateway's per-tenant limits with a policy: observe, decide, clamp, apply, every interval."""
     from admit.controllers.registry import make_controller
     from admit.core.wire import spec_from_json
-    from admit.live.control import ControlLoop, GatewayClient
+    from admit.live.control import GatewayClient
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     token = admin_token or os.environ.get(admin_token_env)
     if not token:
         typer.secho(f"error: no admin token (--admin-token or ${admin_token_env})", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
+    if calibration is not None and scenario is None:
+        typer.secho("error: --calibration binds the policy to a scenario on the calibrated engine: give --scenario",
+                    fg=typer.colors.RED, err=True)
+        raise typer.Exit(2)
     client = GatewayClient(gateway, token)
+    engines = contextlib.ExitStack()  # the calibrated engine, in effect while the loop runs
     try:
         gw_spec = spec_from_json(client.spec())
         bound = None
@@ -56,6 +74,8 @@ def control(
             from admit.envs.scenario import load_scenario
 
             bound = load_scenario(scenario)
+            if calibration is not None:
+                engines.enter_context(calibrated(bound, calibration))
             cspec = bound.control_spec()
             if [t.name for t in cspec.tenants] != [t.name for t in gw_spec.tenants]:
                 raise ValueError(f"scenario tenants {[t.name for t in cspec.tenants]} are not the gateway's "
@@ -68,9 +88,33 @@ def control(
         pol = make_controller(policy, scenario=bound)  # static:best and the like find the scenario's own caps
         fb = make_controller(fallback)
     except (OSError, RuntimeError, ValueError) as exc:
+        engines.close()
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     timeout = parse_interval(act_timeout) if act_timeout else None
+    with engines:
+        _run_loop(client, pol, fb, cspec, gateway, shadow, timeout, max_failures, log, start_on_traffic, steps)
+
+
+def calibrated(sc: Scenario, calibration: Path) -> contextlib.AbstractContextManager[None]:
+    """Within the block the scenario's engine preset is the fit of an `admit calibrate` result (ValueError on a
+    file that is not one, or a scenario without a token engine)."""
+    from admit.engine.presets import overriding, preset_from_calibration
+    from admit.envs.scenario import TokenEngineConfig
+
+    if not isinstance(sc.engine, TokenEngineConfig):
+        raise ValueError(f"--calibration refits a token engine's preset; {sc.name} has a {sc.engine.kind} engine")
+    try:
+        return overriding(preset_from_calibration(json.loads(calibration.read_text()), sc.engine.preset))
+    except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
+        raise ValueError(f"--calibration {calibration}: {exc}") from None
+
+
+def _run_loop(client: GatewayClient, pol: Controller, fb: Controller, cspec: ControlSpec, gateway: str, shadow: bool,
+              timeout: float | None, max_failures: int, log: Path | None, start_on_traffic: bool,
+              steps: int | None) -> None:
+    from admit.live.control import ControlLoop
+
     loop = ControlLoop(client, pol, cspec, shadow=shadow, act_timeout_s=timeout, max_failures=max_failures,
                        fallback=fb, log_path=log, start_on_traffic=start_on_traffic)
     typer.echo(f"controlling {gateway} with {pol.name} every {cspec.interval_s:g} s"
@@ -142,7 +186,8 @@ def protocol(
     workdir: Path | None = typer.Option(None, help="keep every run's logs and configs here (default: removed)"),
     calibration: Path | None = typer.Option(
         None, exists=True, dir_okay=False,
-        help="an `admit calibrate --backend` result: the simulated twin runs on its fit (with --simulate)"),
+        help="an `admit calibrate --backend` result: the policies are bound to the scenario on its fit (static:best's "
+        "caps tuned on it), live and in the twin, and the twin (--simulate) simulates it"),
     warmup: float = typer.Option(0.0, help="seconds at each run's start whose requests are served but left out "
                                  "of every figure (live and simulated); must be < --duration"),
     load: float = typer.Option(1.0, help="every tenant's Poisson rate times this (e.g. 2: twice the scenario's "

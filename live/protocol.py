@@ -25,9 +25,14 @@ every policy against the first on each, overall and per tenant, and evaluate/ver
 figures are those a live run measures (`METRICS`: goodput first, attainment, the worst tenant's and Jain's
 index over tenants, TTFT / TPOT / e2e p50 and p99 from the client's side, queue timeouts, rejections, mean
 limit, throughput). A tenant with no completion has latencies 0, as in the simulator. ``simulate`` also
-runs the same protocol in the simulator (same seeds, same requests, same schema: ``simulated``; on the fit of
-``calibration``, an `admit calibrate` result of the backend, when given) and prints each policy's live and
-simulated figures side by side with the difference.
+runs the same protocol in the simulator (same seeds, same requests, same schema: ``simulated``) and prints
+each policy's live and simulated figures side by side with the difference.
+
+``calibration`` (an `admit calibrate` result of the backend) replaces the scenario's engine preset by its fit
+wherever a model of the engine is used: the policies are bound to the scenario on it, in this process (where
+static:best is tuned, before the first run, if it has no caps for that engine yet: evaluate/tune.py's
+fingerprint takes the fit in) and in every run's `admit control --calibration`, so the live baseline deploys
+caps tuned for the engine it runs on; and the twin simulates it.
 
 Live-only figures, per run (``runs`` in the JSON) and per policy in the printed table: the load
 generator's own validity (achieved / requested rate, send-lag p99), the backend's KV usage (mean, peak),
@@ -45,6 +50,7 @@ for the live runs, the twin and the scenario a policy is bound to alike.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import json
 import os
 import random
@@ -151,14 +157,14 @@ def sim_episode(sc: Scenario, requests: list[Request], policy: str, seed: int,
 
 
 # what a protocol file written before a field existed means by its absence
-_IDENTITY_DEFAULTS = {"warmup_s": 0.0, "load": 1.0}
+_IDENTITY_DEFAULTS = {"warmup_s": 0.0, "load": 1.0, "calibration": None}
 
 
 def _identity(scenario: str, policies: Sequence[str], duration: float, seed_base: int, backend: str | None,
-              warmup: float = 0.0, load: float = 1.0) -> dict:
+              warmup: float = 0.0, load: float = 1.0, calibration: str | None = None) -> dict:
     return {"format": FORMAT, "scenario": scenario, "policies": list(policies), "duration_s": duration,
             "seed_base": seed_base, "backend": backend or "admit emulate (a fresh one per run)", "warmup_s": warmup,
-            "load": load}
+            "load": load, "calibration": calibration}
 
 
 def _load_state(out: Path, ident: dict[str, Any]) -> dict[str, Any]:
@@ -288,7 +294,7 @@ class BackendSampler:
 
 
 def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str, seed: int, backend: str | None,
-              root: Path, tag: str, warmup: float = 0.0) -> dict[str, Any]:
+              root: Path, tag: str, warmup: float = 0.0, calibration: Path | None = None) -> dict[str, Any]:
     with Stack(root / tag) as stack:
         trace = stack.workdir / "requests.jsonl"
         if backend is None:
@@ -306,7 +312,7 @@ def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str,
         load["warmup"] = warmup
         with BackendSampler(target) as sampler:
             run = run_live(stack, target, "live", gateway_config(sc), load, policy, sc.interval_s,
-                           scenario=scenario, start_on_traffic=True)
+                           scenario=scenario, start_on_traffic=True, calibration=calibration)
         run["backend"] = sampler.figures()
     run.pop("workdir", None)
     return run
@@ -317,8 +323,9 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
                  plot: Path | None = None, workdir: Path | None = None,
                  calibration: Path | None = None, warmup: float = 0.0, load: float = 1.0) -> dict[str, Any]:
     """Run (or resume) the protocol; write ``out`` after every run and return the final JSON (module doc).
-    ``calibration``: an `admit calibrate` result of the backend, whose fit the simulated twin runs on in place
-    of the scenario's preset (the live runs are not touched). ``warmup``: each run's first seconds, served but
+    ``calibration``: an `admit calibrate` result of the backend: the policies are bound to the scenario on its
+    fit, live and in the twin (static:best deploys caps tuned on it), and the twin simulates it, in place of
+    the scenario's preset. ``warmup``: each run's first seconds, served but
     left out of every figure, live and simulated. ``load``: every tenant's Poisson rate times this."""
     check_policies(policies)
     if repeats < 1:
@@ -329,8 +336,6 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
         raise ProtocolError(f"--warmup must be >= 0 and < --duration ({duration:g} s), got {warmup:g}")
     if not load > 0:
         raise ProtocolError(f"--load must be > 0 (a multiple of the scenario's rates), got {load:g}")
-    if calibration is not None and not simulate:
-        raise ProtocolError("--calibration sets the simulated twin's engine: give it with --simulate")
     sc = load_scenario(scenario, horizon_s=duration)
     full = load_scenario(scenario)  # what the live control loop binds its policy to (`sim_episode`)
     if load != 1.0:
@@ -352,9 +357,11 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
             fit = preset_from_calibration(json.loads(calibration.read_text()), sc.engine.preset)
         except (OSError, ValueError) as exc:  # JSONDecodeError is a ValueError
             raise ProtocolError(f"--calibration {calibration}: {exc}") from None
-    for p in policies:  # a bad name fails here, before any run
-        make_bound(p, full).reset(sc.control_spec(), seed_base)
-    ident = _identity(scenario, policies, duration, seed_base, backend, warmup, load)
+    with contextlib.nullcontext() if fit is None else overriding(fit):
+        for p in policies:  # a bad name fails here, before any run; static:best is tuned now if it must be
+            make_bound(p, full).reset(sc.control_spec(), seed_base)
+    cal_id = None if calibration is None else f"sha256:{hashlib.sha256(calibration.read_bytes()).hexdigest()[:16]}"
+    ident = _identity(scenario, policies, duration, seed_base, backend, warmup, load, cal_id)
     runs = _load_state(out, ident)
     seeds = [seed_base + r for r in range(repeats)]
     orders = {s: run_order(policies, s) for s in seeds}
@@ -382,7 +389,7 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
                           f"{p}: {len(requests)} requests over {duration:g} s ...")
             t0 = time.monotonic()
             live = _one_live(sc, bound_to, requests, p, s, backend, root, f"{s}-{re.sub(r'[^A-Za-z0-9_.-]', '_', p)}",
-                             warmup)
+                             warmup, calibration.resolve() if calibration is not None else None)
             rec: dict[str, Any] = {"seed": s, "policy": p, "position": orders[s].index(p), "valid": live["valid"],
                                    "invalid_reasons": live["invalid_reasons"], "episode": live_episode(live),
                                    "limits": {n: t["limits"] for n, t in live["tenants"].items()},

@@ -97,11 +97,13 @@ def run_live(
     interval_s: float,
     scenario: str | None = None,
     start_on_traffic: bool = False,
+    calibration: Path | None = None,
 ) -> dict[str, Any]:
     """Run ``load_cfg`` (an `admit loadgen` run file without ``url``) through a new gateway; see module doc.
 
     ``start_on_traffic``: the loop decides once before the load starts (on the idle gateway) and then
     every ``interval_s`` from the first request's arrival, which is the simulator's schedule.
+    ``calibration``: the loop binds its policy to ``scenario`` on that `admit calibrate` fit of the engine.
     """
     work = stack.workdir / tag
     work.mkdir(parents=True, exist_ok=True)
@@ -111,7 +113,7 @@ def run_live(
     decisions = work / "decisions.jsonl"
     if policy is not None:
         stack.control(gw, policy, interval_s, decisions, scenario=scenario, name=ctl_name,
-                      start_on_traffic=start_on_traffic)
+                      start_on_traffic=start_on_traffic, calibration=calibration)
         if start_on_traffic:  # its first decision sees the gateway idle, as the simulator's at t = 0 does
             poll(lambda: read_decisions(decisions), 60, "the control loop's first decision")
     load_path = work / "load.yaml"

@@ -193,7 +193,8 @@ class Stack:
         return url
 
     def control(self, gateway: str, policy: str, interval_s: float, log: Path, scenario: str | None = None,
-                name: str = "control", timeout: float = 120, start_on_traffic: bool = False) -> None:
+                name: str = "control", timeout: float = 120, start_on_traffic: bool = False,
+                calibration: Path | None = None) -> None:
         """``admit control``; returns once the policy is loaded and the loop runs.
 
         ``start_on_traffic``: the loop decides once at once, then every interval from the first request's
@@ -205,6 +206,8 @@ class Stack:
             args += ["--scenario", scenario]
         if start_on_traffic:
             args.append("--start-on-traffic")
+        if calibration is not None:
+            args += ["--calibration", str(calibration)]
         self.spawn(name, args)
         self.wait_line(name, "controlling ", timeout)
 

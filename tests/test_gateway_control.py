@@ -322,3 +322,16 @@ def test_admit_control_applies_a_good_policy_through_the_audit_log(gw: GatewayPr
         ("bursty", 2, 1, "static:1 decision 2"), ("steady", 2, 1, "static:1 decision 2")]
     assert len({x["version"] for x in mine}) == 2  # each decision is one atomic batch
     assert client(gw).set_limits({"bursty": 3, "steady": 3}, "test reset")["tenants"]["bursty"]["limit"] == 3
+
+
+def test_admit_control_refuses_a_calibration_it_cannot_bind_and_changes_nothing(gw: GatewayProcess,
+                                                                                tmp_path: Path) -> None:
+    cal = Path(__file__).parents[1] / "docs" / "results" / "cpu-smollm2-avx512bf16-calibration.json"
+    env = {**os.environ, "ADMIT_ADMIN_TOKEN": ADMIN_TOKEN}
+    before, audit_before = _limits(gw), len(gw.audit_log())
+    base = [str(Path(sys.executable).parent / "admit"), "control", "--gateway", gw.url, "--policy", "static:1",
+            "--steps", "1", "--calibration", str(cal)]
+    for extra, needle in (([], "give --scenario"), (["--scenario", "seed-paper"], "seed-paper has a slot engine")):
+        out = subprocess.run([*base, *extra], capture_output=True, text=True, env=env, timeout=90)
+        assert out.returncode == 2 and needle in out.stderr, out.stderr
+    assert _limits(gw) == before and len(gw.audit_log()) == audit_before

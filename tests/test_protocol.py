@@ -189,15 +189,54 @@ def test_one_repeat_of_the_protocol_in_front_of_real_vllm(tmp_path: Path) -> Non
     assert "live against its simulated twin" in res.output
 
 
-def test_a_calibration_is_for_the_simulated_twin_only(tmp_path: Path) -> None:
+def test_a_calibration_that_is_not_one_is_refused_before_any_run(tmp_path: Path) -> None:
     cal = tmp_path / "calibration.json"
     cal.write_text("{}")
     out = tmp_path / "p.json"
-    res = CliRunner().invoke(app, ["protocol", "--scenario", "h200-live-small", "--policy", "static", "--repeats",
-                                   "1", "--duration", "5", "--calibration", str(cal), "--out", str(out)])
-    assert res.exit_code == 2 and "give it with --simulate" in res.output, res.output
-    assert not out.exists()
-    res = CliRunner().invoke(app, ["protocol", "--scenario", "h200-live-small", "--policy", "static", "--repeats",
-                                   "1", "--duration", "5", "--simulate", "--calibration", str(cal), "--out", str(out)])
-    assert res.exit_code == 2 and "not an `admit calibrate` result" in res.output, res.output  # before any run
-    assert not out.exists()
+    for twin in ([], ["--simulate"]):
+        res = CliRunner().invoke(app, ["protocol", "--scenario", "h200-live-small", "--policy", "static", "--repeats",
+                                       "1", "--duration", "5", *twin, "--calibration", str(cal), "--out", str(out)])
+        assert res.exit_code == 2 and "not an `admit calibrate` result" in res.output, res.output
+        assert not out.exists()
+
+
+CALIBRATION = Path(__file__).parents[1] / "docs" / "results" / "cpu-smollm2-avx512bf16-calibration.json"
+
+
+def test_with_a_calibration_the_live_baseline_deploys_caps_tuned_on_that_engine(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine of the committed cpu-smollm2 preset and a faster CPU's fit (a real `admit calibrate` result)
+    get other tuned caps at 4 × the duo scenario's load; with --calibration the control loop of the live run
+    deploys the fit's caps, found under the fit's own fingerprint, never the preset's."""
+    from admit.engine.presets import overriding, preset_from_calibration
+    from admit.envs.scenario import load_scenario
+    from admit.evaluate.offline import make_bound
+    from admit.evaluate.tune import fingerprint
+    from admit.live.fidelity_real import SCENARIO, scaled
+
+    monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "cache"))  # the control loop's process reads it too
+    sc = scaled(load_scenario(str(SCENARIO)), 4.0)
+    fit = preset_from_calibration(json.loads(CALIBRATION.read_text()), "cpu-smollm2")
+    def caps() -> list[int]:
+        ctrl = make_bound("static:best", sc)
+        ctrl.reset(sc.control_spec(), 0)  # where static:best finds (or tunes) its caps
+        return list(ctrl.cap)
+
+    committed_fp, committed = fingerprint(sc), caps()
+    with overriding(fit):
+        fitted_fp, fitted = fingerprint(sc), caps()
+    assert fitted_fp != committed_fp and fitted != committed, (fitted, committed)
+    out = tmp_path / "p.json"
+    res = _cli("--scenario", str(SCENARIO), "--policy", "static:best", "--repeats", "1", "--duration", "5",
+               "--load", "4", "--calibration", str(CALIBRATION), "--out", str(out))
+    assert res.exit_code == 0, res.output
+    data = json.loads(out.read_text())
+    assert data["protocol"]["calibration"].startswith("sha256:")
+    lim = sc.control_spec().limits  # the first decision moves each limit one step toward its cap
+
+    def first(caps: list[int]) -> list[int]:
+        return [lim.initial + max(-lim.max_step, min(lim.max_step, c - lim.initial)) for c in caps]
+
+    assert first(fitted) != first(committed)  # so the run below tells them apart
+    limits = data["runs"]["0/static:best"]["limits"]
+    assert [limits[t.name][0] for t in sc.tenants] == first(fitted)
