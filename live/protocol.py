@@ -13,7 +13,8 @@ waits until its /metrics show nothing running or waiting: the cool-down) or, wit
 
 Every finished run is written to ``out`` at once (atomically), so a crash or Ctrl-C loses only the run in
 flight, and running the same command again skips the finished runs; a file written by another protocol
-(other scenario, policies, duration, seeds or backend) is refused, never overwritten.
+(other scenario, policies, duration, seeds, backend, warm-up, load or calibration) is refused, never
+overwritten. A line before each run and a progress bar (`RunProgress`) tell how far it is and the time left.
 
 A run whose load generator fell behind its schedule (`admit loadgen`'s own validity: send lag, achieved
 rate) is **invalid**: it is kept in ``runs`` with its reasons, and its repeat is excluded from the
@@ -318,6 +319,46 @@ def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str,
     return run
 
 
+class RunProgress:
+    """A progress bar over the protocol's runs, advanced every half second while a run is in flight (by its
+    elapsed time, up to its duration of requests), with the time left estimated from the runs done so far (or
+    from the duration and about 15 s of start-up and cool-down before the first is done)."""
+
+    def __init__(self, console: Console, runs: int, duration: float) -> None:
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+        self.runs, self.duration = runs, duration
+        self.progress = Progress(TextColumn("protocol"), BarColumn(), TextColumn("{task.fields[left]}"),
+                                 TimeElapsedColumn(), console=console, transient=True)
+        self.task = self.progress.add_task("runs", total=max(runs, 1) * duration, left="")
+        self.done = 0
+        self.walls: list[float] = []
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._tick, daemon=True)
+
+    def start_run(self, walls: list[float]) -> None:
+        self.done, self.walls, self.t0 = len(walls), list(walls), time.monotonic()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):
+            elapsed = time.monotonic() - self.t0
+            per_run = sum(self.walls) / len(self.walls) if self.walls else self.duration + 15.0
+            left = max(0.0, per_run * (self.runs - self.done) - elapsed)
+            self.progress.update(self.task, completed=self.done * self.duration + min(elapsed, self.duration),
+                                 left=f"about {left:.0f} s left")
+
+    def __enter__(self) -> RunProgress:
+        self.progress.start()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(2)
+        self.progress.stop()
+
+
 def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration: float, out: Path,
                  console: Console, *, backend: str | None = None, seed_base: int = 0, simulate: bool = False,
                  plot: Path | None = None, workdir: Path | None = None,
@@ -374,7 +415,7 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
                 "runs": runs}
 
     walls: list[float] = []
-    with tempfile.TemporaryDirectory(prefix="admit-protocol-") as tmp:
+    with tempfile.TemporaryDirectory(prefix="admit-protocol-") as tmp, RunProgress(console, len(todo), duration) as bar:
         root = workdir or Path(tmp)
         bound_to = scenario  # how the live control loop finds the scenario its policy is bound to
         if load != 1.0:  # the scaled scenario, as a file `admit control --scenario` reads
@@ -388,6 +429,7 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
             console.print(f"[{i + 1}/{len(todo)}{eta}] repeat {s - seed_base + 1}/{repeats} (seed {s}), "
                           f"{p}: {len(requests)} requests over {duration:g} s ...")
             t0 = time.monotonic()
+            bar.start_run(walls)
             live = _one_live(sc, bound_to, requests, p, s, backend, root, f"{s}-{re.sub(r'[^A-Za-z0-9_.-]', '_', p)}",
                              warmup, calibration.resolve() if calibration is not None else None)
             rec: dict[str, Any] = {"seed": s, "policy": p, "position": orders[s].index(p), "valid": live["valid"],

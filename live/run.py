@@ -15,11 +15,11 @@ demo`, `admit sim2live` and `admit protocol`.
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 import yaml
+from admit.core.percentiles import nearest_rank
 from admit.live.stack import Stack, poll
 
 
@@ -67,10 +67,8 @@ def read_request_log(path: Path, since_unix: float) -> list[dict[str, Any]]:
 
 
 def _ms(values: list[float], q: float) -> float | None:
-    if not values:
-        return None
-    s = sorted(values)
-    return round(s[min(len(s) - 1, max(0, math.ceil(q / 100 * len(s)) - 1))] * 1000, 3)  # nearest rank
+    """The nearest-rank percentile (the load generator's definition) of seconds, in ms."""
+    return round(nearest_rank(values, q) * 1000, 3) if values else None
 
 
 def gateway_overhead(lines: list[dict[str, Any]], client_ttft_mean_ms: float | None) -> dict[str, Any]:
