@@ -741,7 +741,7 @@ def tuned_caps(
         old = [s for s in stores if s.scenario == scenario.name]
         why = (
             f"the caps in {old[0].path} were tuned on another version of {scenario.name!r} or another engine "
-            f"(fingerprint {old[0].fingerprint[:12]}, this one {fp[:12]}): not these"
+            f"(fingerprint {old[0].fingerprint[:12]}, this one {fp[:12]}): stale here"
             if old
             else f"no tuned caps for {scenario.name!r} (fingerprint {fp[:12]}) in {shipped_dir()} or {cache_dir()}"
         )
