@@ -24,6 +24,10 @@ def evaluate(
     horizon_s: float | None = typer.Option(
         None, min=1.0, help="simulated seconds per episode instead of the scenario's horizon (a quicker look)"
     ),
+    ray: str | None = typer.Option(
+        None, help="run the episodes as Ray tasks (pip install 'admit[ray]'): 'local' (a Ray instance on this "
+        "machine for the run), 'auto' (RAY_ADDRESS or a running `ray start`), or a head's HOST:PORT; same figures"
+    ),
 ) -> None:
     """Evaluate policies offline on many seeds with common random numbers and paired tests."""
     from admit.envs.scenario import ScenarioError, load_scenario
@@ -36,8 +40,9 @@ def evaluate(
         sc = load_scenario(scenario) if horizon_s is None else load_scenario(scenario, horizon_s=horizon_s)
         with Progress(transient=True) as bar:
             task = bar.add_task("evaluating", total=len(policy) * seeds)
-            ev = run_eval(sc, policy, seeds, seed_base, workers, progress=lambda i, n: bar.update(task, completed=i))
-    except (ScenarioError, ValueError) as e:
+            ev = run_eval(sc, policy, seeds, seed_base, workers, progress=lambda i, n: bar.update(task, completed=i),
+                          ray=ray)
+    except (ScenarioError, ValueError, RuntimeError) as e:
         _fail(str(e))
     data = write_json(ev, out)
     print_table(data)

@@ -203,17 +203,28 @@ def evaluate(
     seed_base: int = 0,
     workers: int = 1,
     progress: Callable[[int, int], None] | None = None,
+    ray: str | None = None,
 ) -> Evaluation:
+    """Every policy on seeds ``seed_base`` .. ``seed_base + seeds - 1`` (the same seeds for each: common random
+    numbers), in this process, on ``workers`` processes, or as Ray tasks on the cluster ``ray`` names
+    (evaluate/ray_jobs.py; the same figures wherever the episodes ran)."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     check_policies(policies)
     if seeds < 1:
         raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    if ray is not None and workers > 1:
+        raise ValueError(f"give --workers or --ray, not both (--workers {workers}, --ray {ray}): on Ray the "
+                         "cluster's CPUs are the workers")
     for p in policies:  # fail fast on a bad name, before any work
         make_bound(p, sc).reset(sc.control_spec(), 0)
     seed_list = [seed_base + i for i in range(seeds)]
     jobs = [(sc, p, s) for p in policies for s in seed_list]
     results: list[Episode] = []
-    if workers > 1:
+    if ray is not None:
+        from admit.evaluate.ray_jobs import run_episodes
+
+        results = run_episodes(sc, [(p, s) for _, p, s in jobs], ray, progress)
+    elif workers > 1:
         with ProcessPoolExecutor(max_workers=workers) as ex:
             for i, r in enumerate(ex.map(_job, jobs, chunksize=max(1, len(jobs) // (4 * workers)))):
                 results.append(r)
