@@ -190,7 +190,7 @@ def protocol(
         "caps tuned on it), live and in the twin, and the twin (--simulate) simulates it"),
     warmup: float = typer.Option(0.0, help="seconds at each run's start whose requests are served but left out "
                                  "of every figure (live and simulated); must be < --duration"),
-    load: float = typer.Option(1.0, help="every tenant's Poisson rate times this (e.g. 2: twice the scenario's "
+    load: float = typer.Option(1.0, help="every tenant's arrival rate times this (e.g. 2: twice the scenario's "
                                "load, where admission starts to matter)"),
 ) -> None:
     """The study's protocol live: every policy once per repeat on the same requests (order shuffled per repeat,

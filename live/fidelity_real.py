@@ -1,6 +1,6 @@
 """`admit sim2live --backend URL`: the simulator against a REAL vLLM server, on the same requests, at several loads.
 
-For each load (a multiple of the scenario's Poisson rates) the simulator draws the scenario's requests for
+For each load (a multiple of the scenario's arrival rates) the simulator draws the scenario's requests for
 the seed (each tenant shifted to start at 0 and cut at the horizon, as `admit loadgen` replays them) and runs
 the policy on them with the scenario's preset — for the CI engine that is `cpu-smollm2`, fitted to it by
 `admit calibrate`. The same requests then go through a fresh gateway (the scenario's limits, queues, SLOs)

@@ -44,7 +44,7 @@ and the client's mean TTFT less the gateway's).
 
 ``warmup`` seconds at the start of every run are served but left out of every figure, live (the load
 generator counts those requests apart; the gateway's log is cut at the same instant) and simulated
-(`Simulation`'s ``warmup_s``). ``load`` multiplies every tenant's Poisson rate (admit.live.fidelity_real.scaled),
+(`Simulation`'s ``warmup_s``). ``load`` multiplies every tenant's arrival rate (admit.live.fidelity_real.scaled),
 for the live runs, the twin and the scenario a policy is bound to alike.
 """
 
@@ -367,7 +367,7 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
     ``calibration``: an `admit calibrate` result of the backend: the policies are bound to the scenario on its
     fit, live and in the twin (static:best deploys caps tuned on it), and the twin simulates it, in place of
     the scenario's preset. ``warmup``: each run's first seconds, served but
-    left out of every figure, live and simulated. ``load``: every tenant's Poisson rate times this."""
+    left out of every figure, live and simulated. ``load``: every tenant's arrival rate times this."""
     check_policies(policies)
     if repeats < 1:
         raise ProtocolError(f"--repeats must be >= 1, got {repeats}")
