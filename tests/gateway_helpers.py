@@ -267,11 +267,12 @@ class GatewayProcess:
         """What the gateway is doing now: its threads' stacks (SIGUSR1, gateway/cli.py) and stderr's tail."""
         if self.proc.poll() is not None:
             return f"it exited with status {self.proc.returncode}; its stderr ends:\n{self.stderr()[-4000:]}"
+        kernel = kernel_view(self.proc.pid)  # before the signal: how the process stood when it did not answer
         before = len(self.stderr())
         self.proc.send_signal(signal.SIGUSR1)
         with contextlib.suppress(StackError):
             poll(lambda: "most recent call first" in self.stderr()[before:], 5, "the gateway's stacks")
-        return f"its stacks and stderr:\n{self.stderr()[-6000:]}"
+        return f"{kernel}\nits stacks and stderr:\n{self.stderr()[-6000:]}"
 
     def state(self) -> dict[str, Any]:
         status, body = self.admin("GET", "/admin/state")
@@ -316,6 +317,37 @@ class GatewayProcess:
         if self.proc.stdout is not None:
             self.proc.stdout.close()
         self._stderr.close()
+
+
+def kernel_view(pid: int) -> str:
+    """What the kernel says of a process that stopped answering, for a failure message: each thread's state and
+    where in the kernel it waits (a thread in D waits on I/O, where even its stack dump cannot be written), and
+    the machine's load, pressure and memory, and its busiest processes. Best effort: what cannot be read is
+    said so."""
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as e:
+            return f"({path}: {e.strerror})"
+
+    lines = [f"the kernel's view of process {pid}:"]
+    with contextlib.suppress(OSError):
+        for task in sorted(Path(f"/proc/{pid}/task").iterdir()):
+            stat = read(f"{task}/stat")
+            state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
+            lines.append(f"  thread {task.name} ({read(f'{task}/comm')}): state {state}, waits in "
+                         f"{read(f'{task}/wchan') or '-'}")
+    lines.append(f"loadavg {read('/proc/loadavg')}")
+    for kind in ("cpu", "io", "memory"):
+        lines.append(f"pressure {kind}: {read(f'/proc/pressure/{kind}').splitlines()[0]}")
+    mem = dict(x.split(":", 1) for x in read("/proc/meminfo").splitlines() if ":" in x)
+    lines.append("meminfo " + ", ".join(f"{k} {mem[k].strip()}" for k in ("MemAvailable", "Dirty", "Writeback")
+                                        if k in mem))
+    with contextlib.suppress(OSError, subprocess.SubprocessError):
+        ps = subprocess.run(["ps", "-eo", "pid,stat,pcpu,rss,etime,args", "--sort=-pcpu"], capture_output=True,
+                            text=True, timeout=10).stdout.splitlines()
+        lines += ["busiest processes:", *(f"  {x[:160]}" for x in ps[:10])]
+    return "\n".join(lines)
 
 
 def tenant_cfg(name: str, **kw: Any) -> dict[str, Any]:
