@@ -60,7 +60,11 @@ def results(
     extra_scenario: list[str] = typer.Option(
         None, help="a scenario to add to those (repeat): a bundled name, a YAML path or a family instance FAMILY@SEED"
     ),
-    workers: int = typer.Option(2, min=1, help="worker processes"),
+    workers: int | None = typer.Option(None, min=1, help="worker processes (default 2)"),
+    ray: str | None = typer.Option(
+        None, help="run the episodes as Ray tasks (pip install 'admit[ray]') on one Ray session for the whole "
+        "report: 'local', 'auto' or a head's HOST:PORT (as admit evaluate --ray); same figures as --workers"
+    ),
     out: Path = typer.Option(Path("docs/RESULTS.md"), help="the report to write"),
     render_only: bool = typer.Option(
         False, help="write the report from the JSON an earlier run left beside it, without running anything"
@@ -76,11 +80,15 @@ def results(
     from rich.progress import Progress
 
     chosen = list(dict.fromkeys([*(scenario or default_scenarios()), *(extra_scenario or [])]))
+    if ray is not None and workers is not None:
+        _fail(f"give --workers or --ray, not both (--workers {workers}, --ray {ray}): on Ray the cluster's CPUs are "
+              "the workers")
     try:
         with Progress(transient=True) as bar:
             task = bar.add_task("results", total=None)
-            build(seeds, chosen, workers, out, progress=lambda i, n: bar.update(task, completed=i, total=n),
-                  render_only=render_only, rerun=rerun or ())
+            build(seeds, chosen, workers or (1 if ray is not None else 2), out,
+                  progress=lambda i, n: bar.update(task, completed=i, total=n),
+                  render_only=render_only, rerun=rerun or (), ray=ray)
     except ValueError as e:  # a scenario that does not load (ScenarioError) or a policy that cannot run
         _fail(str(e))
     typer.echo(f"wrote {out}")

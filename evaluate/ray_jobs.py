@@ -19,8 +19,9 @@ same seeds, to the same caps.
 
 from __future__ import annotations
 
+import contextlib
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from admit.envs.scenario import Scenario
@@ -58,11 +59,12 @@ def _episode(sc: Scenario, policy: str, seed: int) -> Episode:
     return _job((sc, policy, seed))
 
 
-def run_episodes(sc: Scenario, jobs: Sequence[tuple[str, int]], address: str,
-                 progress: Callable[[int, int], None] | None = None) -> list[Episode]:
-    """The episodes of ``jobs`` ((policy, seed) pairs), run as Ray tasks on ``address`` (module doc), in the
-    order of ``jobs``. RuntimeError, saying what was wrong, when Ray is missing or the cluster cannot be
-    reached; a task that fails raises its error here."""
+@contextlib.contextmanager
+def session(address: str) -> Iterator[Any]:
+    """Ray, joined or started on ``address`` (module doc) for the body, and shut down after it if this call
+    started it; inside an existing session (``ray.is_initialized()``) it joins nothing and stops nothing, so
+    that a sweep over many evaluations (``admit results --ray``) pays Ray's start-up once. RuntimeError,
+    saying what was wrong, when Ray is missing or the cluster cannot be reached."""
     ray = _ray()
     started = not ray.is_initialized()
     if started:
@@ -74,6 +76,18 @@ def run_episodes(sc: Scenario, jobs: Sequence[tuple[str, int]], address: str,
             raise RuntimeError(f"--ray {address}: could not start or join a Ray cluster there ({exc}); give "
                                "'local', 'auto' or a head's HOST:PORT") from None
     try:
+        yield ray
+    finally:
+        if started:
+            ray.shutdown()
+
+
+def run_episodes(sc: Scenario, jobs: Sequence[tuple[str, int]], address: str,
+                 progress: Callable[[int, int], None] | None = None) -> list[Episode]:
+    """The episodes of ``jobs`` ((policy, seed) pairs), run as Ray tasks on ``address`` (module doc; within a
+    `session` when one is open), in the order of ``jobs``. RuntimeError when Ray is missing or the cluster
+    cannot be reached; a task that fails raises its error here."""
+    with session(address) as ray:
         task = ray.remote(num_cpus=1)(_episode)
         shared = ray.put(sc)
         refs = [task.remote(shared, p, s) for p, s in jobs]
@@ -87,6 +101,3 @@ def run_episodes(sc: Scenario, jobs: Sequence[tuple[str, int]], address: str,
             return list(ray.get(refs))
         except ray.exceptions.RayTaskError as exc:  # the task's own error, as a local run would raise it
             raise exc.as_instanceof_cause() from None
-    finally:
-        if started:
-            ray.shutdown()

@@ -34,7 +34,7 @@ import time
 import urllib.request
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from datetime import date
 from importlib import resources
 from pathlib import Path
@@ -397,9 +397,10 @@ def file_stem(scenario: str) -> str:
     return path.stem if path.suffix in (".yaml", ".yml") else scenario.replace("/", "_")
 
 
-def command(seeds: int, scenarios: list[str], workers: int, out: Path) -> str:
+def command(seeds: int, scenarios: list[str], workers: int, out: Path, ray: str | None = None) -> str:
     """The command line that regenerates the report as written."""
-    cmd = f"admit results --seeds {seeds} " + " ".join(f"--scenario {s}" for s in scenarios) + f" --workers {workers}"
+    cmd = f"admit results --seeds {seeds} " + " ".join(f"--scenario {s}" for s in scenarios)
+    cmd += f" --ray {ray}" if ray is not None else f" --workers {workers}"
     if Path(out) != DEFAULT_OUT:
         cmd += f" --out {out}"
     if llm_url() and LLM_SCENARIO in scenarios:
@@ -534,7 +535,8 @@ def rerun_matches(policy: str, rerun: Sequence[str]) -> bool:
     return any(policy == r or (r.endswith(":") and policy.startswith(r)) for r in rerun)
 
 
-def _rerun(sc: str, seeds: int, workers: int, path: Path, rerun: Sequence[str], progress) -> dict:
+def _rerun(sc: str, seeds: int, workers: int, path: Path, rerun: Sequence[str], progress,
+           ray: str | None = None) -> dict:
     """The earlier run's figures with the policies ``rerun`` names evaluated again (after one of them changed:
     a retrained PPO policy). The baseline runs again too and must give the stored figures seed by seed, so the
     kept rows and the new ones are paired on the same world; else ValueError (run everything)."""
@@ -547,7 +549,7 @@ def _rerun(sc: str, seeds: int, workers: int, path: Path, rerun: Sequence[str], 
     if not chosen:
         return data
     start = time.perf_counter()
-    new = evaluate(sc, [pols[0], *chosen], seeds, workers=workers, progress=progress).to_json()
+    new = evaluate(sc, [pols[0], *chosen], seeds, workers=workers, progress=progress, ray=ray).to_json()
     base_old, base_new = data["policies"][pols[0]], new["policies"][pols[0]]
     changed = [m for m in METRICS if base_old.get(m, {}).get("values") != base_new[m]["values"]]
     if data["baseline"] != pols[0] or changed:
@@ -564,7 +566,7 @@ def _rerun(sc: str, seeds: int, workers: int, path: Path, rerun: Sequence[str], 
 
 
 def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log: Path | None, progress,
-         render_only: bool = False, rerun: Sequence[str] = ()):
+         render_only: bool = False, rerun: Sequence[str] = (), ray: str | None = None):
     sections: list[str] = []
     timings: list[str] = []
     baselines: list = []
@@ -577,12 +579,12 @@ def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log:
             data = _earlier(res_dir / f"{stem}.json", sc, seeds)
             pols = list(data["policies"])
         elif rerun:
-            data = _rerun(sc, seeds, workers, res_dir / f"{stem}.json", rerun, progress)
+            data = _rerun(sc, seeds, workers, res_dir / f"{stem}.json", rerun, progress, ray)
             pols = list(data["policies"])
         else:
             pols = policies_for(sc)
             start = time.perf_counter()
-            ev = evaluate(sc, pols, seeds, workers=workers, progress=progress)
+            ev = evaluate(sc, pols, seeds, workers=workers, progress=progress, ray=ray)
             data = ev.to_json()
             data["wall_s"] = time.perf_counter() - start
             res_dir.mkdir(parents=True, exist_ok=True)
@@ -619,6 +621,23 @@ def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log:
     return sections, timings, baselines, glance, general, list(recorded)
 
 
+@contextmanager
+def ray_session(ray: str | None, render_only: bool) -> Iterator[None]:
+    """One Ray session for every evaluation of the report (`--ray`), so that Ray starts once, not per scenario;
+    nothing without --ray or when only re-rendering. ValueError when Ray is missing or unreachable."""
+    if ray is None or render_only:
+        yield
+        return
+    from admit.evaluate.ray_jobs import session
+
+    with ExitStack() as stack:
+        try:
+            stack.enter_context(session(ray))
+        except RuntimeError as exc:  # Ray missing or the cluster unreachable: the CLI's clear error
+            raise ValueError(str(exc)) from None
+        yield
+
+
 def _earlier(path: Path, scenario: str, seeds: int) -> dict:
     """results.json of an earlier run for ``render_only``; ValueError when it is missing or is not that run's."""
     if not path.is_file():
@@ -646,7 +665,7 @@ def _baseline_line(scenarios: list[str], baselines: list[str]) -> str:
 
 
 def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=None,
-          render_only: bool = False, rerun: Sequence[str] = ()) -> str:
+          render_only: bool = False, rerun: Sequence[str] = (), ray: str | None = None) -> str:
     """Write the report ``out``: every policy on every scenario, evaluated now; or (``render_only``) from the
     JSON of an earlier run; or (``rerun``) that JSON with the policies ``rerun`` names evaluated again."""
     if render_only and rerun:
@@ -657,10 +676,12 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
     out.parent.mkdir(parents=True, exist_ok=True)
     res_dir = out.parent / "results"
     res_dir.mkdir(exist_ok=True)
-    cmd = command(seeds, scenarios, workers, out)
-    with llm_settings(res_dir) as llm_log:
-        sections, timings, baselines, glance, general, recorded = _run(seeds, scenarios, workers, res_dir,
-                                                                       llm_log, progress, render_only, rerun)
+    cmd = command(seeds, scenarios, workers, out, ray)
+    runs_on = (f"Ray ({ray})" if ray is not None
+               else f"{workers} worker process{'es' if workers > 1 else ''}")
+    with llm_settings(res_dir) as llm_log, ray_session(ray, render_only):
+        sections, timings, baselines, glance, general, recorded = _run(seeds, scenarios, workers, res_dir, llm_log,
+                                                                       progress, render_only, rerun, ray)
     shown = list(rerun) or recorded  # a re-rendering still names the re-runs its figures come from
     why_path = out.parent / WHY_FILE
     why = why_path.read_text() if why_path.is_file() else None
@@ -687,7 +708,7 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
         "scenario on seeds disjoint from these, and `ppo:general`, one tenant-set policy trained across the "
         "h200-mix family's train seeds for every scenario) in docs/training.md.",
         "",
-        f"Wall time of this run ({workers} worker process{'es' if workers > 1 else ''}): " + "; ".join(timings) + "."
+        f"Wall time of this run ({runs_on}): " + "; ".join(timings) + "."
         + (" A re-run (`--rerun`) evaluated the baseline again, got its stored figures seed by seed, and replaced "
            "only the rows it names." if any("re-run" in t for t in timings) else ""),
         "",
