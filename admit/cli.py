@@ -11,7 +11,7 @@ from admit.evaluate.cli import evaluate, results, tune_static
 from admit.gateway.cli import gateway
 from admit.live.cli import calibrate, control, demo, protocol, sim2live
 from admit.loadgen.cli import app as loadgen_app
-from admit.train.cli import train
+from admit.train.cli import train, tune
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -20,8 +20,8 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(loadgen_app, name="loadgen")
-for verb in (scenarios, evaluate, results, tune_static, train, fidelity, calibrate, emulate, gateway, control, demo,
-             protocol, sim2live):
+for verb in (scenarios, evaluate, results, tune_static, train, tune, fidelity, calibrate, emulate, gateway, control,
+             demo, protocol, sim2live):
     app.command()(verb)
 
 

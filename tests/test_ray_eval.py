@@ -145,3 +145,93 @@ def test_admit_results_refuses_workers_and_ray_together(tmp_path: Path) -> None:
     assert res.exit_code == 2 and "give --workers or --ray, not both" in res.output, res.output
     assert not out.exists()
 
+
+TUNE = ["--scenario", "seed-paper", "--timesteps", "512", "--set", "n_envs=1", "--set", "eval.freq=0",
+        "--set", "checkpoint_freq=0", "--set", "hyperparams.n_steps=128", "--validation", "2"]
+SPACE = {"hyperparams.learning_rate": {"loguniform": [1e-5, 1e-3]}, "hyperparams.gamma": {"uniform": [0.9, 0.999]},
+         "hyperparams.batch_size": {"choice": [32, 64, 128]}}
+
+
+@needs_ray
+def test_admit_tune_runs_trials_on_the_cluster_and_writes_the_best_config(cluster: str, tmp_path: Path) -> None:
+    import yaml
+    from admit.evaluate.offline import evaluate
+    from admit.train.config import load_config
+
+    space = tmp_path / "space.yaml"
+    space.write_text(yaml.safe_dump(SPACE))
+    out = tmp_path / "search"
+    res = CliRunner().invoke(app, ["tune", *TUNE, "--trials", "3", "--space", str(space), "--ray", cluster,
+                                   "--out", str(out)])
+    assert res.exit_code == 0, res.output
+    trials = json.loads((out / "trials.json").read_text())
+    assert len(trials) == 3 and all(t["status"] == "done" for t in trials)
+    assert len({json.dumps(t["point"], sort_keys=True) for t in trials}) == 3  # Optuna proposed three points
+    for t in trials:
+        assert 1e-5 <= t["point"]["hyperparams.learning_rate"] <= 1e-3
+        assert t["point"]["hyperparams.batch_size"] in (32, 64, 128)
+        cfg = load_config(Path(t["run_dir"]) / "config.yaml")  # a run folder as admit train writes it
+        assert cfg.hyperparams["batch_size"] == t["point"]["hyperparams.batch_size"] and cfg.timesteps == 512
+        assert (Path(t["run_dir"]) / "model.zip").is_file()
+    best = json.loads((out / "best.json").read_text())["best"]
+    assert best["goodput_rps"] == max(t["goodput_rps"] for t in trials)
+    assert (out / "best.yaml").read_text() == (Path(best["run_dir"]) / "config.yaml").read_text()
+    # the score is what it says: the best policy's goodput on validation seeds 500000, 500001 of seed-paper
+    policy = f"ppo:{best['run_dir']}"
+    again = evaluate("seed-paper", [policy], 2, seed_base=500_000).to_json()["policies"][policy]["goodput_rps"]
+    assert again["mean"] == pytest.approx(best["goodput_rps"], rel=1e-12)
+    assert "validation goodput" in res.output and "best.yaml" in res.output
+
+
+@needs_ray
+def test_an_interrupted_tune_resumes_keeping_finished_trials(tmp_path: Path) -> None:
+    import signal
+    import time
+
+    out = tmp_path / "search"
+    cmd = [str(RAY.parent / "admit"), "tune", *TUNE, "--trials", "2", "--concurrent", "1", "--ray", "local",
+           "--out", str(out)]
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        def finished() -> list[Path]:
+            return [p for p in (out / "ray" / "search").glob("*/result.json") if p.stat().st_size > 0]
+
+        deadline = time.monotonic() + 400
+        while not finished():  # the first trial reported its score
+            assert proc.poll() is None, proc.communicate()[0]
+            assert time.monotonic() < deadline, "no trial finished"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)  # Ctrl-C: Ray Tune saves the experiment's state and stops
+        proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    first = json.loads(finished()[0].read_text().splitlines()[-1])
+    model = Path(first["run_dir"]) / "model.zip"
+    mtime = model.stat().st_mtime_ns
+    again = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=500)
+    assert again.returncode == 0, again.stdout + again.stderr
+    trials = json.loads((out / "trials.json").read_text())
+    assert len(trials) == 2 and all(t["status"] == "done" for t in trials)
+    assert first["run_dir"] in [t["run_dir"] for t in trials]
+    assert model.stat().st_mtime_ns == mtime  # the finished trial was kept, not trained again
+    # another search on the same folder is refused, not mixed in
+    other = subprocess.run([*cmd[:-2], "--seed", "1", "--out", str(out)], capture_output=True, text=True, env=env,
+                           timeout=300)
+    assert other.returncode == 2 and "holds another search" in other.stderr, other.stderr
+
+
+def test_admit_tune_refuses_a_bad_space_before_any_work(tmp_path: Path) -> None:
+    space = tmp_path / "space.yaml"
+    out = tmp_path / "search"
+    for body, needle in (("hyperparams.learning_rate: {loguniform: [0, 1.0e-3]}", "loguniform needs low > 0"),
+                         ("hyperparams.gamma: {normal: [0.9, 0.99]}", "expected one of loguniform, uniform, int"),
+                         ("hyperparams.gamma: {uniform: [0.99, 0.9]}", "low < high"),
+                         ("hyperparams.gamma: {uniform: [0.9, 1.5]}", "invalid training config"),
+                         ("hyperparams.no_such: {choice: [1, 2]}", "no_such")):
+        space.write_text(body)
+        res = CliRunner().invoke(app, ["tune", *TUNE, "--trials", "2", "--space", str(space), "--out", str(out)])
+        assert res.exit_code == 2 and needle in res.output, (body, res.output)
+    assert not out.exists()

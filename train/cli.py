@@ -81,3 +81,49 @@ def train(
             f"best {summary['validation_return_best']:.1f}"
         )
     typer.echo(f"wrote {out}/ (evaluate with --policy {summary['algo']}:{out})")
+
+
+def tune(
+    algo: str | None = typer.Option(None, help="ppo | a2c | dqn | sac (overrides the config file; default ppo)"),
+    scenario: str | None = typer.Option(None, help="bundled scenario name or path to a scenario YAML"),
+    family: str | None = typer.Option(None, help="train and validate on a scenario family (tenant-set policy)"),
+    trials: int = typer.Option(..., min=1, help="trials (training runs) in all"),
+    timesteps: int | None = typer.Option(None, help="env steps per trial (default: the config's)"),
+    config: Path | None = typer.Option(None, help="base training config YAML (admit train's schema)"),
+    sets: list[str] | None = typer.Option(None, "--set", help="override a base config key, dotted (repeatable)"),
+    space: Path | None = typer.Option(None, help="search space YAML (train/hpo.py); default: the algorithm's"),
+    validation: int = typer.Option(4, min=1, help="validation worlds each trial is scored on (goodput)"),
+    ray: str = typer.Option("local", help="Ray cluster: 'local' (this machine), 'auto' or a head's HOST:PORT"),
+    concurrent: int = typer.Option(2, min=1, help="trials at once (one CPU each)"),
+    seed: int = typer.Option(0, min=0, help="the search's seed (Optuna's sampler)"),
+    out: Path = typer.Option(..., help="search folder: trials/, trials.json, best.yaml, best.json, ray/"),
+) -> None:
+    """Search training hyperparameters: Ray Tune trials of `admit train`, Optuna's proposals, each trial scored on
+    validation goodput; writes the best config. The same command again resumes an interrupted search."""
+    from admit.envs.scenario import ScenarioError
+    from admit.train.config import TrainConfigError, load_config
+    from admit.train.hpo import TuneError, load_space, run
+
+    try:
+        cfg = load_config(config, sets=sets, algo=algo, scenario=_absolute(scenario),
+                          family=_absolute(family), timesteps=timesteps)
+        chosen = load_space(space, cfg.algo)
+        typer.echo(f"tuning {cfg.algo} on {cfg.family or cfg.scenario}: {trials} trials of {cfg.timesteps} steps, "
+                   f"{len(chosen)} dimensions, {concurrent} at a time on Ray ({ray})")
+        summary = run(cfg, chosen, trials, out, ray=ray, concurrent=concurrent, validation=validation, seed=seed)
+    except (TrainConfigError, ScenarioError, TuneError, RuntimeError) as e:
+        typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    best = summary["best"]
+    typer.echo(f"{summary['finished']} of {summary['trials']} trials finished in {summary['wall_s']:.0f} s")
+    typer.echo(f"best: trial {best['trial_id']}, validation goodput {best['goodput_rps']:.3f} req/s (worst world "
+               f"{best['worst_goodput_rps']:.3f}): " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
+                                                                 for k, v in best["point"].items()))
+    typer.echo(f"wrote {out}/best.yaml (train it longer with: admit train --config {out}/best.yaml --out DIR)")
+
+
+def _absolute(name: str | None) -> str | None:
+    """A scenario or family given as a file path, made absolute: Ray's trial workers start elsewhere."""
+    if name is not None and Path(name).suffix in (".yaml", ".yml") and Path(name).is_file():
+        return str(Path(name).resolve())
+    return name
