@@ -25,7 +25,7 @@ def evaluate(
         None, min=1.0, help="simulated seconds per episode instead of the scenario's horizon (a quicker look)"
     ),
     ray: str | None = typer.Option(
-        None, help="run the episodes as Ray tasks (pip install 'admit[ray]'): 'local' (a Ray instance on this "
+        None, help="run the episodes as Ray tasks (pip install 'admit\\[ray]'): 'local' (a Ray instance on this "
         "machine for the run), 'auto' (RAY_ADDRESS or a running `ray start`), or a head's HOST:PORT; same figures"
     ),
 ) -> None:
@@ -62,7 +62,7 @@ def results(
     ),
     workers: int | None = typer.Option(None, min=1, help="worker processes (default 2)"),
     ray: str | None = typer.Option(
-        None, help="run the episodes as Ray tasks (pip install 'admit[ray]') on one Ray session for the whole "
+        None, help="run the episodes as Ray tasks (pip install 'admit\\[ray]') on one Ray session for the whole "
         "report: 'local', 'auto' or a head's HOST:PORT (as admit evaluate --ray); same figures as --workers"
     ),
     out: Path = typer.Option(Path("docs/RESULTS.md"), help="the report to write"),

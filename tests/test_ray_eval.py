@@ -32,6 +32,20 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def _reread_ray_auth() -> None:
+    """Make this process's Ray take RAY_AUTH_MODE and RAY_AUTH_TOKEN from the environment as it is now. Ray
+    reads them once and caches them (the C++ RayConfig and token loader); when Ray was imported before this
+    module set them (other test modules import it at collection) the driver would keep the old "disabled"
+    mode and send no token, and the head refuses it (InvalidAuthToken). A user sets them before starting
+    admit, so admit itself needs none of this."""
+    if "ray" not in sys.modules:
+        return  # nothing is cached yet: Ray will read the environment when it is first used
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    Config.initialize("")
+    AuthenticationTokenLoader.instance().reset_cache()
+
+
 @pytest.fixture(scope="module")
 def cluster() -> Iterator[str]:
     """A Ray head on 127.0.0.1 with its own (short: Unix socket paths are bounded) temp dir, stopped after."""
@@ -41,6 +55,7 @@ def cluster() -> Iterator[str]:
     # the environment (the head and this driver read RAY_AUTH_TOKEN; nothing is written to ~/.ray)
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
+    _reread_ray_auth()
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     start = subprocess.run(
         [str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
@@ -58,6 +73,7 @@ def cluster() -> Iterator[str]:
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+        _reread_ray_auth()  # later tests' own local Ray instances start as they would have without this one
 
 
 def _evaluate(out: Path, *extra: str) -> dict:
@@ -144,6 +160,12 @@ def test_admit_results_refuses_workers_and_ray_together(tmp_path: Path) -> None:
                                    "--workers", "2", "--out", str(out)])
     assert res.exit_code == 2 and "give --workers or --ray, not both" in res.output, res.output
     assert not out.exists()
+
+
+@pytest.mark.parametrize("verb", ["evaluate", "results"])
+def test_the_ray_option_names_the_extra_to_install(verb: str) -> None:
+    res = CliRunner().invoke(app, [verb, "--help"], env={"COLUMNS": "400"})
+    assert res.exit_code == 0 and "pip install 'admit[ray]'" in res.output, res.output  # not eaten as markup
 
 
 TUNE = ["--scenario", "seed-paper", "--timesteps", "512", "--set", "n_envs=1", "--set", "eval.freq=0",

@@ -64,6 +64,23 @@ def test_ppo_on_the_registered_env_samples_in_a_remote_runner_learns_and_acts(lo
         algo.stop()
 
 
+def test_the_env_is_registered_for_this_job_after_an_earlier_ray_session(local_ray: None) -> None:
+    """An earlier Ray session in this process (admit tune on a cluster, here a stale job id) leaves Ray Tune's
+    registry keyed by its job; registering again must reach this job's workers, which look it up there."""
+    from admit.train.rllib import register
+    from ray.tune import registry
+
+    registry._global_registry._prefix = "ff000000"  # what a session that was the cluster's 255th job leaves
+
+    @ray.remote(num_cpus=0)
+    def seen(name: str) -> bool:  # a worker looks the creator up under its own (this) job's id
+        return bool(registry._global_registry.contains(registry.ENV_CREATOR, name))
+
+    assert register() == ENV_NAME
+    assert ray.get(seen.remote(ENV_NAME))
+    assert not ray.get(seen.remote("admit-never-registered"))
+
+
 def test_a_bad_env_config_is_refused_in_the_driver_with_the_allowed_keys() -> None:
     with pytest.raises(ValueError, match="unknown key.*'scenarios'.*allowed: scenario, layout, horizon_s"):
         ppo_config({"scenarios": "seed-paper"})

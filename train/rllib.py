@@ -48,12 +48,18 @@ def make_env(env_config: Mapping[str, Any] | None = None) -> TenantAdmissionEnv:
 
 
 def register(name: str = ENV_NAME) -> str:
-    """Register `make_env` with Ray under ``name`` (visible to every worker of the cluster); returns the name."""
+    """Register `make_env` with Ray under ``name`` (visible to every worker of the cluster); returns the name.
+
+    Ray Tune keys its registry by the job id it first saw in this process and keeps it after ``ray.shutdown``:
+    in a process that ran an earlier Ray session (``admit tune``, then RLlib; a notebook) the creator would be
+    filed under that old job's key, where this job's env runners do not look ("Environment ... doesn't
+    exist"). The key is dropped first so that it is the current job's."""
     try:
-        from ray.tune.registry import register_env
+        from ray.tune import registry
     except ImportError:
         raise RuntimeError(f"RLlib needs Ray with its rllib extra, which is not installed: {INSTALL}") from None
-    register_env(name, make_env)
+    registry._global_registry._prefix = None  # the current job's id is read again (docstring)
+    registry.register_env(name, make_env)
     return name
 
 
