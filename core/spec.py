@@ -24,6 +24,9 @@ class TenantSpec:
     slo_ttft_s: float = math.inf
     slo_tpot_s: float = math.inf
     slo_e2e_s: float = math.inf
+    # a ceiling on this tenant's limit below ``Limits.max`` (what Kueue admitted for it, gateway/kueue.py);
+    # None: none but Limits.max
+    max_limit: int | None = None
 
     @property
     def request_bounds(self) -> tuple[float, float, float]:
@@ -73,3 +76,8 @@ class ControlSpec:
     @property
     def n_tenants(self) -> int:
         return len(self.tenants)
+
+    def apply(self, current: Sequence[int], deltas: Sequence[int]) -> list[int]:
+        """`Limits.apply`, then each tenant's own ceiling (``TenantSpec.max_limit``) where it has one."""
+        after = self.limits.apply(current, deltas)
+        return [a if t.max_limit is None else min(a, t.max_limit) for a, t in zip(after, self.tenants, strict=True)]

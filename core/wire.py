@@ -43,7 +43,8 @@ def spec_json(spec: ControlSpec) -> dict[str, Any]:
     return {
         "tenants": [{"name": t.name, "slo_e2e_p99_s": fin(t.slo_e2e_p99_s), "slo_ttft_p99_s": fin(t.slo_ttft_p99_s),
                      "weight": t.weight, "priority": t.priority, "slo_ttft_s": fin(t.slo_ttft_s),
-                     "slo_tpot_s": fin(t.slo_tpot_s), "slo_e2e_s": fin(t.slo_e2e_s)} for t in spec.tenants],
+                     "slo_tpot_s": fin(t.slo_tpot_s), "slo_e2e_s": fin(t.slo_e2e_s),
+                     "max_limit": t.max_limit} for t in spec.tenants],
         "limits": {"min": lim.min, "max": lim.max, "initial": lim.initial, "max_step": lim.max_step},
         "interval_s": spec.interval_s,
         "window_s": spec.window_s,
@@ -58,7 +59,7 @@ def spec_from_json(data: dict[str, Any]) -> ControlSpec:
     # the per-request objectives are absent from a gateway older than them: no objective
     tenants = tuple(TenantSpec(t["name"], inf(t["slo_e2e_p99_s"]), inf(t["slo_ttft_p99_s"]), float(t["weight"]),
                                int(t["priority"]), inf(t.get("slo_ttft_s")), inf(t.get("slo_tpot_s")),
-                               inf(t.get("slo_e2e_s"))) for t in data["tenants"])
+                               inf(t.get("slo_e2e_s")), t.get("max_limit")) for t in data["tenants"])
     return ControlSpec(tenants, Limits(**data["limits"]), float(data["interval_s"]), float(data["window_s"]),
                        inf(data["queue_timeout_s"]))
 

@@ -21,9 +21,10 @@ DELETE   /admin/tenants/{name}/envelopes/{target}              remove the envelo
 With Redis (several replicas) a limit or envelope changed here is written to Redis and every other replica
 takes it within one refresh; envelope state read here is the shared budget (gateway/redis/envelopes.py).
 
-A batch of limits is checked as a whole before any is applied. Each change (a value that differs from the
-old one) bumps the configuration version and writes one audit line: time, version, actor, what, tenant,
-old, new, reason.
+A batch of limits is checked as a whole before any is applied; a limit above its tenant's ``max_limit``
+(the ceiling Kueue's quota sets, gateway/kueue.py) refuses the batch with 400 ``above-max-limit``. Each
+change (a value that differs from the old one) bumps the configuration version and writes one audit line:
+time, version, actor, what, tenant, old, new, reason.
 """
 
 from __future__ import annotations
@@ -185,6 +186,11 @@ class AdminApi:
         if not isinstance(limits, dict) or not limits:
             raise HttpError(400, "bad-request", "'limits' must be an object of tenant name -> limit")
         todo = [(self._tenant(str(name)), _int_field({"limit": v}, "limit")) for name, v in limits.items()]
+        over = [f"{self.gw.names[i]} {v} > {ceiling}" for i, v in todo
+                if (ceiling := self.gw.cfg.tenants[i].max_limit) is not None and v > ceiling]
+        if over:  # the whole batch is refused: nothing is applied
+            raise HttpError(400, "above-max-limit", f"limit above the tenant's max_limit (its ceiling, e.g. "
+                            f"Kueue's quota): {', '.join(over)}")
         adm = self.gw.admission
         changed = [(i, v) for i, v in todo if adm.limit(i) != v]
         if changed:

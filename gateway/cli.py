@@ -22,6 +22,11 @@ def gateway(
     workers: int = typer.Option(
         1, min=1, help="processes on one port (SO_REUSEPORT); more than 1 needs the 'redis:' section (shared state)"
     ),
+    kueue: Path | None = typer.Option(
+        None, help="Kueue objects (LocalQueues, ClusterQueues; YAML): each tenant's limit, max_limit and borrow, "
+        "and the capacity, from its ClusterQueue's quota (gateway/kueue.py, docs/deploy.md)"),
+    kueue_resource: str = typer.Option(
+        "admit.dev/concurrency", help="the Kueue resource whose quota counts a tenant's concurrent requests"),
 ) -> None:
     """Run the admission gateway: per-tenant limits, queues, rate envelopes, admin API, /metrics."""
     from admit.gateway.app import Gateway
@@ -32,7 +37,21 @@ def gateway(
     # `kill -USR1 PID` writes every thread's stack to stderr: where a gateway that stopped answering is stuck
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
-        cfg = load_config(config)
+        if kueue is None:
+            cfg = load_config(config)
+        else:
+            from admit.gateway.kueue import load_with_kueue
+
+            cfg, bounds = load_with_kueue(config, kueue, kueue_resource)
+            log = logging.getLogger("admit.gateway.kueue")
+            for q in bounds.tenants:
+                log.info("tenant %s: LocalQueue %s -> ClusterQueue %s%s: limit = max_limit = %d, borrow %d", q.tenant,
+                         q.local_queue, q.cluster_queue, f" (cohort {q.cohort})" if q.cohort else "", q.nominal,
+                         q.borrow)
+            if bounds.capacity is not None:
+                log.info("capacity %d (the cohort's pool)", bounds.capacity)
+            for note in bounds.notes:
+                log.warning("%s", note)
     except ConfigError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

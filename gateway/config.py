@@ -11,8 +11,9 @@ Example::
     redis: {url: "redis://127.0.0.1:6379/0", failure_mode: closed}   # optional: state shared by replicas
     tenants:
       - name: chat
-        api_keys: [sk-chat-1]
+        api_keys: [sk-chat-1]          # or api_keys_env: CHAT_KEYS (keys comma-separated, e.g. from a Secret)
         limit: 8
+        max_limit: 16                  # optional ceiling at run time (admin API, control loop; gateway/kueue.py)
         max_queue: 64
         queue_timeout_s: 5             # formerly queue_ttl_s (still read, with a deprecation warning)
         priority: 1
@@ -108,7 +109,13 @@ RENAMED_TENANT_KEYS = {
 class TenantConfig(_Strict):
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     api_keys: tuple[str, ...] = ()
+    # an environment variable holding the tenant's API keys, comma-separated (a Kubernetes Secret's value), so
+    # that no key sits in the file; read when the configuration is loaded and added to api_keys
+    api_keys_env: str | None = Field(default=None, pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")
     limit: int = Field(default=4, ge=0, le=LIMIT_MAX)
+    # a ceiling no one may set the limit above at run time, neither the admin API nor the control loop (what
+    # Kueue admitted for this tenant: gateway/kueue.py); none: only control.max_limit bounds the loop
+    max_limit: int | None = Field(default=None, ge=0, le=LIMIT_MAX)
     max_queue: int = Field(default=64, ge=0, le=LIMIT_MAX)
     queue_timeout_s: float = Field(default=30.0, gt=0, le=86_400)
     priority: int = Field(default=0, ge=-1000, le=1000)
@@ -130,6 +137,27 @@ class TenantConfig(_Strict):
             if len(k) < 8:
                 raise ValueError("every API key needs at least 8 characters")
         return v
+
+    @model_validator(mode="after")
+    def _ceiling_and_keys(self) -> TenantConfig:
+        if self.max_limit is not None and self.limit > self.max_limit:
+            raise ValueError(f"tenant {self.name!r}: limit {self.limit} is above its max_limit {self.max_limit}")
+        if self.api_keys_env is not None:
+            value = os.environ.get(self.api_keys_env)
+            if value is None:
+                raise ValueError(f"tenant {self.name!r}: api_keys_env: environment variable {self.api_keys_env} "
+                                 "is not set")
+            keys = tuple(k.strip() for k in value.split(",") if k.strip())
+            if not keys:
+                raise ValueError(f"tenant {self.name!r}: api_keys_env: {self.api_keys_env} holds no key "
+                                 "(expected keys separated by commas)")
+            short = sum(len(k) < 8 for k in keys)
+            if short:  # the keys themselves are never part of a message
+                raise ValueError(f"tenant {self.name!r}: api_keys_env: {short} key(s) in {self.api_keys_env} are "
+                                 "shorter than 8 "
+                                 "characters")
+            object.__setattr__(self, "api_keys", tuple(dict.fromkeys((*self.api_keys, *keys))))
+        return self
 
     @field_validator("envelopes")
     @classmethod

@@ -171,7 +171,7 @@ class ControlLoop:
                 outcome += ";fallback"
         else:
             s.consecutive_failures = 0
-            after = self.spec.limits.apply(before, deltas)
+            after = self.spec.apply(before, deltas)  # within each tenant's ceiling (Kueue's quota) too
             changes = {n: a for n, a, b in zip(self.names, after, before, strict=True) if a != b}
             if self.shadow:
                 s.shadow += 1

@@ -26,7 +26,7 @@ import sys
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -216,7 +216,7 @@ class MockProcess:
 
 class GatewayProcess:
     def __init__(self, tmp: Path, backend: str, config: dict[str, Any], wait: bool = True,
-                 max_open_files: int | None = None) -> None:
+                 max_open_files: int | None = None, args: Sequence[str] = ()) -> None:
         cfg = {"admin": {"token_env": "ADMIT_TEST_ADMIN_TOKEN"}, "request_log": str(tmp / "requests.jsonl"),
                "audit_log": str(tmp / "audit.jsonl"), **config}
         self.request_log_path = Path(cfg["request_log"])
@@ -230,7 +230,8 @@ class GatewayProcess:
             resource.setrlimit(resource.RLIMIT_NOFILE, (max_open_files, max_open_files))
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "admit.gateway", "--backend", backend, "--config", str(path), "--port", "0"],
+            [sys.executable, "-m", "admit.gateway", "--backend", backend, "--config", str(path), "--port", "0",
+             *args],
             stdout=subprocess.PIPE, stderr=self._stderr, text=True, env=env,
             preexec_fn=limit_files if max_open_files is not None else None,
         )

@@ -112,3 +112,33 @@ def test_old_and_new_name_of_one_key_is_an_error() -> None:
     assert "both 'queue_ttl_s' and its new name 'queue_timeout_s'" in error({"tenants": [both]})
     both = {"name": "a", "api_keys": ["sk-aaaaaaaa"], "slo_e2e_p99_s": 5, "slo": {"e2e_p99_s": 6}}
     assert "both 'slo_e2e_p99_s' and its new name 'slo.e2e_p99_s'" in error({"tenants": [both]})
+
+
+def test_api_keys_from_an_environment_variable_join_the_listed_ones(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CHAT_KEYS", " sk-chat-from-env-1 ,sk-chat-from-env-2,")
+    c = parse_config({"tenants": [{"name": "chat", "api_keys": ["sk-chat-inline"], "api_keys_env": "CHAT_KEYS"}]})
+    assert c.tenants[0].api_keys == ("sk-chat-inline", "sk-chat-from-env-1", "sk-chat-from-env-2")
+    assert len(c.key_index()) == 3
+
+
+@pytest.mark.parametrize(("value", "message"), [
+    (None, "environment variable CHAT_KEYS is not set"),
+    (" , ", "CHAT_KEYS holds no key"),
+    ("sk-long-enough-1,short", "1 key(s) in CHAT_KEYS are shorter than 8 characters"),
+])
+def test_bad_api_keys_env_is_refused_without_showing_a_key(monkeypatch: pytest.MonkeyPatch, value: str | None,
+                                                           message: str) -> None:
+    if value is None:
+        monkeypatch.delenv("CHAT_KEYS", raising=False)
+    else:
+        monkeypatch.setenv("CHAT_KEYS", value)
+    msg = error({"tenants": [{"name": "chat", "api_keys_env": "CHAT_KEYS"}]})
+    assert message in msg and "tenant 'chat'" in msg and "sk-long" not in msg and "short," not in msg
+
+
+def test_max_limit_is_a_ceiling_the_initial_limit_must_respect() -> None:
+    def one(**kw: int) -> dict[str, Any]:
+        return {"tenants": [{"name": "a", "api_keys": ["sk-aaaaaaaa"], **kw}]}
+
+    assert parse_config(one(limit=3, max_limit=3)).tenants[0].max_limit == 3
+    assert "tenant 'a': limit 4 is above its max_limit 3" in error(one(limit=4, max_limit=3))
