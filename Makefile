@@ -55,6 +55,7 @@ vllm-server: vllm-install
 
 test: $(STAMP) llm-install vllm-install
 	command -v redis-server >/dev/null || (apt-get update && apt-get install -y redis-server)  # gateway Redis tests
+	command -v kubectl >/dev/null || (apt-get update && apt-get install -y kubernetes-client)  # deploy/ (test_deploy)
 	$(BIN)/ruff check .
 	PY=$(BIN)/python scripts/typecheck.sh
 	scripts/vllm_server.sh run env PY=$(BIN)/python scripts/llm_server.sh run $(BIN)/python -m pytest -q

@@ -7,6 +7,12 @@ batch of empty tasks. Prints walls, their ratio per round, and the per-task over
 
     python benchmarks/ray_eval_bench.py --scenario h200-mixed --policy static --policy aimd \\
         --policy token:best --seeds 10 --rounds 2
+
+With ``--results`` each round is the RESULTS sweep instead (``admit results``: every policy on every results
+scenario, one Ray session for all of them), ``--workers W`` against ``--ray local``, the per-scenario JSON
+compared figure for figure (all but the wall time):
+
+    python benchmarks/ray_eval_bench.py --results --seeds 3 --rounds 1
 """
 
 from __future__ import annotations
@@ -29,6 +35,25 @@ def evaluate(args: argparse.Namespace, out: Path, how: list[str]) -> float:
     t0 = time.perf_counter()
     subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
     return time.perf_counter() - t0
+
+
+def results(args: argparse.Namespace, out: Path, how: list[str]) -> float:
+    cmd = [sys.executable, "-m", "admit.cli", "results", "--seeds", str(args.seeds), "--out", str(out), *how]
+    t0 = time.perf_counter()
+    subprocess.run(cmd, check=True, capture_output=True, env={**os.environ, "RAY_USAGE_STATS_ENABLED": "0"})
+    return time.perf_counter() - t0
+
+
+def sweep_figures(report: Path) -> dict[str, dict]:
+    """The per-scenario JSON an `admit results` run left beside its report, less the wall times."""
+    out = {}
+    for f in sorted((report.parent / "results").glob("*.json")):
+        data = json.loads(f.read_text())
+        data.pop("wall_s", None)
+        for r in data.get("reruns", []):
+            r.pop("wall_s", None)
+        out[f.name] = data
+    return out
 
 
 def task_overhead_ms(n: int) -> float:
@@ -56,8 +81,22 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--tasks", type=int, default=1000, help="empty tasks for the per-task overhead")
+    ap.add_argument("--results", action="store_true", help="the RESULTS sweep (admit results) instead")
     args = ap.parse_args()
     args.policy = args.policy or ["static", "aimd", "token:best"]
+    if args.results:
+        with tempfile.TemporaryDirectory() as tmp:
+            for r in range(args.rounds):
+                walls = {}
+                order = [("local", ["--workers", str(args.workers)]), ("ray", ["--ray", "local"])]
+                for name, how in order if r % 2 == 0 else order[::-1]:
+                    walls[name] = results(args, Path(tmp) / name / "RESULTS.md", how)
+                a, b = (sweep_figures(Path(tmp) / n / "RESULTS.md") for n in ("local", "ray"))
+                print(f"round {r + 1}: admit results --seeds {args.seeds} ({len(a)} scenarios): --workers "
+                      f"{args.workers} {walls['local']:.1f} s, --ray local {walls['ray']:.1f} s, ray / local "
+                      f"{walls['ray'] / walls['local']:.2f}, identical figures: {bool(a) and a == b}", flush=True)
+        print(f"one empty Ray task: {task_overhead_ms(args.tasks):.2f} ms ({args.tasks} tasks, local instance)")
+        return
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             walls: dict[str, float] = {}
