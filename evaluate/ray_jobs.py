@@ -7,14 +7,16 @@ evaluation on Ray is the local one, figure for figure: an episode is a function 
 and seed alone (each seed's draws come from the seed, the common random numbers of the comparison), not
 of where it ran. The scenario is put in Ray's object store once and shared by every task.
 
-``address``: ``local`` starts a Ray instance inside this process for the evaluation (on this machine's
-cores) and stops it after; ``auto`` joins the cluster that ``RAY_ADDRESS`` or a ``ray start --head`` on
-this machine names; anything else — a head's ``HOST:PORT``, or ``ray://HOST:10001`` for Ray Client — is
-handed to ``ray.init(address=...)``. Ray's workers must import admit: on one machine they run the driver's
-Python; on a cluster install admit (the same version) on every node, or start the job with a runtime_env
-that does. A policy that looks its tuned caps up (static:best) looks them up on the worker as a local run
-does, shipped ones first; a node that has neither the shipped nor the cached caps tunes them itself, on the
-same seeds, to the same caps.
+``address``: ``local`` starts a Ray instance inside this process for the evaluation (on this machine's cores)
+and stops it after; its workers run at this process's priority (Ray nices its workers to 15 by default, to
+keep a driver responsive, and on a machine something else keeps busy they then get almost no CPU: an `admit
+tune` took 7x longer beside two busy loops); ``auto`` joins the cluster that ``RAY_ADDRESS`` or a ``ray start
+--head`` on this machine names; anything else — a head's ``HOST:PORT``, or ``ray://HOST:10001`` for Ray Client
+— is handed to ``ray.init(address=...)``. Ray's workers must import admit: on one machine they run the
+driver's Python; on a cluster install admit (the same version) on every node, or start the job with a
+runtime_env that does. A policy that looks its tuned caps up (static:best) looks them up on the worker as a
+local run does, shipped ones first; a node that has neither the shipped nor the cached caps tunes them itself,
+on the same seeds, to the same caps.
 """
 
 from __future__ import annotations
@@ -71,7 +73,10 @@ def session(address: str) -> Iterator[Any]:
         _check_reachable(address)
         opts: dict[str, Any] = {"include_dashboard": False, "logging_level": "ERROR", "log_to_driver": False}
         try:
-            ray.init(**opts) if address == "local" else ray.init(address=address, **opts)
+            if address == "local":  # workers at the driver's priority, not Ray's default nice 15 (module doc)
+                ray.init(**opts, _system_config={"worker_niceness": 0})
+            else:
+                ray.init(address=address, **opts)
         except (ConnectionError, RuntimeError, ValueError) as exc:
             raise RuntimeError(f"--ray {address}: could not start or join a Ray cluster there ({exc}); give "
                                "'local', 'auto' or a head's HOST:PORT") from None

@@ -56,7 +56,9 @@ def cluster() -> Iterator[str]:
     saved = {k: os.environ.get(k) for k in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN")}
     os.environ.update(RAY_AUTH_MODE="token", RAY_AUTH_TOKEN=secrets.token_hex(32))
     _reread_ray_auth()
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    # the head's workers at normal priority, as `--ray local` starts them (evaluate/ray_jobs.py): Ray's default
+    # nice 15 starves them whenever anything else keeps this machine busy
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "RAY_worker_niceness": "0"}
     start = subprocess.run(
         [str(RAY), "start", "--head", "--node-ip-address=127.0.0.1", f"--port={port}", "--num-cpus=2",
          "--include-dashboard=false", "--disable-usage-stats", f"--temp-dir={tmp}"],

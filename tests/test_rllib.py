@@ -22,7 +22,9 @@ pytestmark = pytest.mark.timeout(600)  # bounds a hang; Ray starts in tens of se
 
 @pytest.fixture(scope="module")
 def local_ray() -> Iterator[None]:
-    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False)
+    # workers at normal priority (Ray nices them to 15 by default, which starves them on a busy machine)
+    ray.init(num_cpus=2, include_dashboard=False, logging_level="ERROR", log_to_driver=False,
+             _system_config={"worker_niceness": 0})
     try:
         yield
     finally:
