@@ -7,6 +7,8 @@ Examples::
         --tenant name=b,rate=5,arrival=gamma,burstiness=0.5 --duration 30 --out runs/lg
     admit loadgen sweep --config load.yaml --ladder geometric --start 100 --stop 8000 --steps 8 --out runs/sw
     admit loadgen mock-server --port 18000 --itl-ms 2
+    admit loadgen agent --listen 0.0.0.0:7700          # on each load host, then:
+    admit loadgen run --agents 10.0.0.2:7700,10.0.0.3:7700 --url http://10.0.0.9:8000 -t name=a,rate=2000 --out r
 """
 
 from __future__ import annotations
@@ -152,9 +154,17 @@ def run(
     warmup: WarmupOpt = None,
     plot: PlotOpt = True,
     strict: StrictOpt = False,
+    agents: Annotated[
+        str | None,
+        typer.Option(help="HOST:PORT,HOST:PORT of `admit loadgen agent`s: split the stage across them "
+                     "(--workers is then per agent)"),
+    ] = None,
+    max_clock_offset_ms: Annotated[
+        float, typer.Option(help="with --agents: refuse to run when an agent's clock is off by more (ms)")
+    ] = 50.0,
 ) -> None:
     """Run one open-loop stage against a server and write the reports."""
-    from admit.loadgen.report import console_table, stage_summary, write_reports
+    from admit.loadgen.report import console_table, hosts_table, stage_summary, write_reports
     from admit.loadgen.runner import StageError, run_stage
 
     overrides = _overrides(locals())
@@ -163,7 +173,13 @@ def run(
         model_name = _resolve_model(cfg)
         with _progress() as prog:
             task = prog.add_task(f"{cfg.total_rate:g} req/s for {cfg.duration:g} s", total=1.0)
-            result = run_stage(cfg, model_name, on_tick=lambda f: prog.update(task, completed=f))
+            if agents:
+                from admit.loadgen.coordinator import parse_agents, run_stage_on_agents
+
+                result = run_stage_on_agents(cfg, model_name, parse_agents(agents), max_clock_offset_ms,
+                                             on_tick=lambda f: prog.update(task, completed=f))
+            else:
+                result = run_stage(cfg, model_name, on_tick=lambda f: prog.update(task, completed=f))
     except (ConfigError, ValueError) as exc:
         raise _fail(str(exc)) from None
     except StageError as exc:
@@ -171,6 +187,8 @@ def run(
     summary = stage_summary(result)
     paths = write_reports(out, [summary], {"model": model_name, "url": cfg.url}, plot=plot)
     Console().print(console_table([summary]))
+    if summary.get("hosts"):
+        Console().print(hosts_table(summary))
     console.print(f"reports in {out} ({', '.join(p.name for p in paths.values())})")
     if strict and not summary["valid"]:
         raise typer.Exit(3)
@@ -276,3 +294,22 @@ def mock_server(
             str(retry_after),
         ]
     )
+
+
+@app.command()
+def agent(
+    listen: Annotated[str, typer.Option(help="HOST:PORT to accept a coordinator on (port 0 picks a free one)")],
+    clock_skew_ms: Annotated[
+        float, typer.Option(help="TEST ONLY: pretend this host's wall clock is off by this much", hidden=True)
+    ] = 0.0,
+    delay_start_ms: Annotated[
+        float, typer.Option(help="TEST ONLY: start the workers this much after the agreed start", hidden=True)
+    ] = 0.0,
+) -> None:
+    """Run the shares of stages that a coordinator (`admit loadgen run --agents ...`) sends to this host."""
+    from admit.loadgen.agent import serve
+
+    try:
+        serve(listen, clock_skew_ms, delay_start_ms)
+    except (ValueError, OSError) as exc:
+        raise _fail(str(exc)) from None

@@ -110,6 +110,8 @@ def stage_summary(r: StageResult) -> dict[str, Any]:
     }
     for name, slo in r.per_tenant_slo.items():  # the tenant's objectives (seconds) beside its latencies (ms)
         out["tenants"][name]["slo"] = slo
+    if r.hosts:  # several hosts (loadgen/coordinator.py): what each one sent, how late, its clock offset
+        out["hosts"] = r.hosts
     out["histograms_ns"] = {k: h.to_dict() for k, h in total.hist.items()}
     return out
 
@@ -254,6 +256,22 @@ def console_table(stages: list[dict[str, Any]], title: str = "admit loadgen"):
             str(s["requests"]["completed"]),
             errs,
             "yes" if s["valid"] else "NO: " + "; ".join(s["invalid_reasons"]),
+        )
+    return t
+
+
+def hosts_table(stage: dict[str, Any]):
+    """A rich table of a multi-host stage's per-host section (``stage["hosts"]``)."""
+    from rich.table import Table
+
+    t = Table(title=f"stage {stage['stage']}: hosts")
+    for col in ("host", "scheduled", "sent", "lag p50/p99 ms", "clock offset ms", "rtt ms", "late"):
+        t.add_column(col, justify="right")
+    for h in stage.get("hosts", []):
+        t.add_row(
+            h["host"], str(h["scheduled"]), str(h["sent"]),
+            f"{_fmt(h['send_lag_p50_ms'])} / {_fmt(h['send_lag_p99_ms'])}",
+            f"{h['clock_offset_ms']:+.2f}", f"{h['clock_rtt_ms']:.2f}", "LATE" if h["late"] else "no",
         )
     return t
 

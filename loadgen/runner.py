@@ -27,7 +27,7 @@ from time import monotonic_ns
 from admit.loadgen.config import ConfigError, RunConfig
 from admit.loadgen.encode import Target, TenantTemplate, tenant_headers
 from admit.loadgen.metrics import TenantMetrics, request_limits_ns, slo_limits_ns
-from admit.loadgen.schedule import build_schedule
+from admit.loadgen.schedule import Schedule, build_schedule
 from admit.loadgen.worker import NS, WorkerJob, WorkerResult
 
 READY_TIMEOUT_S = 60.0
@@ -59,6 +59,8 @@ class StageResult:
     per_tenant_slo: dict[str, dict[str, float]] = field(default_factory=dict)  # the objectives that are set
     warmup_s: float = 0.0
     started_unix: float = 0.0  # t0 on the wall clock (time.time()), to line the stage up with other logs
+    # one entry per agent when the stage ran on several hosts (loadgen/coordinator.py); empty on one host
+    hosts: list[dict] = field(default_factory=list)
 
     @property
     def total(self) -> TenantMetrics:
@@ -95,6 +97,10 @@ class StageResult:
         lag = self.lag_p99_ms
         if not math.isnan(lag) and lag > self.lag_bound_ms:
             reasons.append(f"send-lag p99 {lag:.2f} ms > {self.lag_bound_ms:g} ms")
+        for h in self.hosts:
+            if h["late"]:
+                reasons.append(f"host {h['host']} was late: send-lag p99 {h['send_lag_p99_ms']:.2f} ms "
+                               f"> {self.lag_bound_ms:g} ms")
         return reasons
 
     @property
@@ -152,6 +158,105 @@ def _warm_count(rate_per_worker: float, cap: int) -> int:
     return max(1, min(cap, 512, 4 + math.ceil(rate_per_worker * 0.05)))
 
 
+def job_settings(cfg: RunConfig, stage: int = 0) -> dict:
+    """The :class:`WorkerJob` fields that every worker of a stage shares (JSON-ready: agents get them too)."""
+    return dict(
+        timeout_s=cfg.timeout,
+        max_connections=cfg.max_connections,
+        max_retries=cfg.max_retries,
+        retry_budget=cfg.retry_budget,
+        throttle=cfg.throttle,
+        throttle_k=cfg.throttle_k,
+        slo_ns=slo_limits_ns(cfg.slo),
+        tenant_slo_ns=[request_limits_ns(t.slo) for t in cfg.tenants],
+        seed=cfg.seed + 7919 * stage,
+        warmup_ns=int(cfg.warmup * NS),
+    )
+
+
+class WorkerGroup:
+    """The worker processes of one host for one stage: spawn, wait until ready, start at ``t0``, collect.
+
+    ``schedule`` is this host's part; with ``host``/``hosts`` (agents, loadgen/agent.py) it is the
+    strided share ``host, host+hosts, …`` of the stage's schedule, and worker ``k`` is numbered
+    ``host + hosts*k`` of ``hosts*n_workers`` so that every request keeps its index in the whole schedule.
+    """
+
+    def __init__(self, target: Target, templates: list[TenantTemplate], schedule: Schedule, n_workers: int,
+                 settings: dict, duration_s: float, host: int = 0, hosts: int = 1) -> None:
+        self.n_workers = max(1, min(n_workers, len(schedule) or 1))
+        self.duration_s = duration_s
+        self.timeout_s = float(settings.get("timeout_s", 60.0)) * (int(settings.get("max_retries", 0)) + 1)
+        rate = len(schedule) / duration_s
+        cap = int(settings.get("max_connections", 20000))
+        self.pipes: list[Pipe] = []
+        self.procs: list[subprocess.Popen] = []
+        for k in range(self.n_workers):
+            parent_end, proc = _spawn_worker()
+            self.pipes.append(parent_end)
+            self.procs.append(proc)
+            job = WorkerJob(
+                worker=host + hosts * k,
+                workers=hosts * self.n_workers,
+                target=target,
+                templates=templates,
+                schedule=schedule.share(k, self.n_workers),
+                warm_connections=_warm_count(rate / self.n_workers, cap),
+                **settings,
+            )
+            parent_end.send(job)
+
+    def wait_ready(self) -> None:
+        try:
+            for pipe in self.pipes:
+                msg = _recv(pipe, time.monotonic() + READY_TIMEOUT_S, "start")
+                if msg[0] != "ready":
+                    raise StageError(msg[1])
+        except EOFError:
+            raise StageError("a worker process exited unexpectedly") from None
+
+    def start(self, t0: int) -> None:
+        for pipe in self.pipes:
+            pipe.send(("start", t0))
+
+    def collect(self, t0: int, on_tick: Callable[[float], None] | None = None) -> list[WorkerResult]:
+        deadline = time.monotonic() + max(0.0, (t0 - monotonic_ns()) / NS) + self.duration_s + self.timeout_s + 30.0
+        results: list[WorkerResult] = []
+        try:
+            for pipe in self.pipes:
+                while not pipe.poll(0.1):
+                    if on_tick is not None:
+                        on_tick(min(1.0, max(0.0, (monotonic_ns() - t0) / NS / self.duration_s)))
+                    if time.monotonic() > deadline:
+                        raise StageError("workers did not finish within duration + timeout + 30 s")
+                msg = pipe.recv()
+                if msg[0] != "result":
+                    raise StageError(msg[1])
+                results.append(msg[1])
+        except EOFError:
+            raise StageError("a worker process exited unexpectedly") from None
+        return results
+
+    def close(self) -> None:
+        for pipe in self.pipes:
+            pipe.close()
+        for p in self.procs:
+            try:
+                p.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def merge_tenants(names: list[str], per_worker: list[list[dict]]) -> dict[str, TenantMetrics]:
+    """Per tenant, the merge of every worker's (or host's) ``TenantMetrics.to_dict()`` list."""
+    merged = {n: TenantMetrics() for n in names}
+    for tenants in per_worker:
+        for name, data in zip(names, tenants, strict=True):
+            merged[name].merge(TenantMetrics.from_dict(data))
+    return merged
+
+
 def run_stage(
     cfg: RunConfig,
     model: str,
@@ -163,73 +268,21 @@ def run_stage(
     schedule = build_schedule(cfg, scale, stage)
     target = Target.from_url(cfg.url, cfg.api)
     templates = templates_for(cfg, model)
-    n_workers = max(1, min(cfg.workers, len(schedule) or 1))
     rate = len(schedule) / cfg.duration
-    pipes: list[Pipe] = []
-    procs: list[subprocess.Popen] = []
-    for k in range(n_workers):
-        parent_end, proc = _spawn_worker()
-        job = WorkerJob(
-            worker=k,
-            workers=n_workers,
-            target=target,
-            templates=templates,
-            schedule=schedule.share(k, n_workers),
-            timeout_s=cfg.timeout,
-            max_connections=cfg.max_connections,
-            warm_connections=_warm_count(rate / n_workers, cfg.max_connections),
-            max_retries=cfg.max_retries,
-            retry_budget=cfg.retry_budget,
-            throttle=cfg.throttle,
-            throttle_k=cfg.throttle_k,
-            slo_ns=slo_limits_ns(cfg.slo),
-            tenant_slo_ns=[request_limits_ns(t.slo) for t in cfg.tenants],
-            seed=cfg.seed + 7919 * stage,
-            warmup_ns=int(cfg.warmup * NS),
-        )
-        parent_end.send(job)
-        pipes.append(parent_end)
-        procs.append(proc)
+    group = WorkerGroup(target, templates, schedule, cfg.workers, job_settings(cfg, stage), cfg.duration)
     try:
-        for pipe in pipes:
-            msg = _recv(pipe, time.monotonic() + READY_TIMEOUT_S, "start")
-            if msg[0] != "ready":
-                raise StageError(msg[1])
+        group.wait_ready()
         t0 = monotonic_ns() + int(START_DELAY_S * NS)
         started_unix = time.time() + (t0 - monotonic_ns()) / NS
-        for pipe in pipes:
-            pipe.send(("start", t0))
-        deadline = time.monotonic() + START_DELAY_S + cfg.duration + cfg.timeout * (cfg.max_retries + 1) + 30.0
-        results: list[WorkerResult] = []
-        for pipe in pipes:
-            while not pipe.poll(0.1):
-                if on_tick is not None:
-                    on_tick(min(1.0, (monotonic_ns() - t0) / NS / cfg.duration))
-                if time.monotonic() > deadline:
-                    raise StageError("workers did not finish within duration + timeout + 30 s")
-            msg = pipe.recv()
-            if msg[0] != "result":
-                raise StageError(msg[1])
-            results.append(msg[1])
-    except EOFError:
-        raise StageError("a worker process exited unexpectedly") from None
+        group.start(t0)
+        results = group.collect(t0, on_tick)
     finally:
-        for pipe in pipes:
-            pipe.close()
-        for p in procs:
-            try:
-                p.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        group.close()
     names = [t.name for t in cfg.tenants]
-    merged = {n: TenantMetrics() for n in names}
-    for r in results:
-        for name, data in zip(names, r.tenants, strict=True):
-            merged[name].merge(TenantMetrics.from_dict(data))
+    merged = merge_tenants(names, [r.tenants for r in results])
     return StageResult(
         stage=stage,
-        target_rate=cfg.total_rate * scale if all(t.arrival != "trace" for t in cfg.tenants) else rate,
+        target_rate=stage_target_rate(cfg, scale, rate),
         duration_s=cfg.duration,
         scheduled=len(schedule),
         sent=sum(m.sent for m in merged.values()),
@@ -237,7 +290,7 @@ def run_stage(
         t0=t0,
         last_send=max((r.last_send for r in results), default=0),
         end=max((r.end for r in results), default=t0),
-        workers=n_workers,
+        workers=group.n_workers,
         cpu_s=sum(r.cpu_s for r in results),
         connections_opened=sum(r.connections_opened for r in results),
         max_in_flight=sum(r.max_in_flight for r in results),
@@ -248,6 +301,10 @@ def run_stage(
         warmup_s=cfg.warmup,
         started_unix=started_unix,
     )
+
+
+def stage_target_rate(cfg: RunConfig, scale: float, schedule_rate: float) -> float:
+    return cfg.total_rate * scale if all(t.arrival != "trace" for t in cfg.tenants) else schedule_rate
 
 
 def _spawn_worker() -> tuple[Pipe, subprocess.Popen]:
