@@ -338,12 +338,16 @@ def parse_config(data: Any, source: str = "config") -> GatewayConfig:
     return cfg
 
 
-def load_config(path: str | Path) -> GatewayConfig:
+def read_config_data(path: str | Path) -> Any:
+    """The YAML of a configuration file as read, before any check; ConfigError when it is missing or not YAML."""
     p = Path(path)
     if not p.is_file():
         raise ConfigError(f"config file {p} does not exist")
     try:
-        data = yaml.safe_load(p.read_text())
+        return yaml.safe_load(p.read_text())
     except yaml.YAMLError as exc:
         raise ConfigError(f"{p}: not valid YAML ({exc})") from None
-    return parse_config(data, str(p))
+
+
+def load_config(path: str | Path) -> GatewayConfig:
+    return parse_config(read_config_data(path), str(path))

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from admit.gateway.config import LIMIT_MAX, ConfigError, GatewayConfig, parse_config
+from admit.gateway.config import LIMIT_MAX, ConfigError, GatewayConfig, parse_config, read_config_data
 
 RESOURCE = "admit.dev/concurrency"
 _GROUP = "kueue.x-k8s.io/"
@@ -243,13 +243,9 @@ def load_with_kueue(config: str | Path, kueue: str | Path, resource: str = RESOU
     """The gateway configuration at ``config`` bounded by the Kueue manifest at ``kueue`` (module doc), and
     the mapping it took; ConfigError (KueueError) saying what was wrong."""
     cpath, kpath = Path(config), Path(kueue)
-    for p in (cpath, kpath):
-        if not p.is_file():
-            raise ConfigError(f"{p} does not exist")
-    try:
-        data = yaml.safe_load(cpath.read_text())
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"{cpath}: not valid YAML ({exc})") from None
+    data = read_config_data(cpath)
+    if not kpath.is_file():
+        raise ConfigError(f"Kueue manifest {kpath} does not exist")
     if not isinstance(data, dict) or not isinstance(data.get("tenants"), list):
         parse_config(data, str(cpath))  # the loader's own message
         raise ConfigError(f"{cpath}: expected a 'tenants' list")

@@ -35,7 +35,7 @@ from admit.loadgen.runner import (
     StageResult,
     job_settings,
     merge_tenants,
-    stage_target_rate,
+    stage_result,
     templates_for,
 )
 from admit.loadgen.schedule import build_schedule
@@ -204,14 +204,8 @@ def run_stage_on_agents(
             "tenants": {name: TenantMetrics.from_dict(d).sent for name, d in zip(names, r["tenants"], strict=True)},
             "histograms_ns": {"send_lag": lag.to_dict()},
         })
-    rate = len(schedule) / cfg.duration
-    return StageResult(
-        stage=stage,
-        target_rate=stage_target_rate(cfg, scale, rate),
-        duration_s=cfg.duration,
-        scheduled=len(schedule),
-        sent=sum(m.sent for m in merged.values()),
-        tenants=merged,
+    return stage_result(
+        cfg, stage, scale, schedule, merged,
         t0=t0,
         last_send=t0 + max(int(r["last_send"]) for r in results) if any(r["last_send"] for r in results) else 0,
         end=t0 + max(int(r["end"]) for r in results),
@@ -219,11 +213,6 @@ def run_stage_on_agents(
         cpu_s=sum(float(r["cpu_s"]) for r in results),
         connections_opened=sum(int(r["connections_opened"]) for r in results),
         max_in_flight=sum(int(r["max_in_flight"]) for r in results),
-        lag_bound_ms=cfg.lag_bound_ms,
-        min_achieved=cfg.min_achieved,
-        per_tenant_scheduled=dict(zip(names, schedule.count_by_tenant(len(names)), strict=True)),
-        per_tenant_slo={t.name: t.slo.given() for t in cfg.tenants if t.slo.given()},
-        warmup_s=cfg.warmup,
         started_unix=start_at,
         hosts=hosts,
     )

@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection as Pipe
 from time import monotonic_ns
+from typing import Any
 
 from admit.loadgen.config import ConfigError, RunConfig
 from admit.loadgen.encode import Target, TenantTemplate, tenant_headers
@@ -268,7 +269,6 @@ def run_stage(
     schedule = build_schedule(cfg, scale, stage)
     target = Target.from_url(cfg.url, cfg.api)
     templates = templates_for(cfg, model)
-    rate = len(schedule) / cfg.duration
     group = WorkerGroup(target, templates, schedule, cfg.workers, job_settings(cfg, stage), cfg.duration)
     try:
         group.wait_ready()
@@ -278,15 +278,9 @@ def run_stage(
         results = group.collect(t0, on_tick)
     finally:
         group.close()
-    names = [t.name for t in cfg.tenants]
-    merged = merge_tenants(names, [r.tenants for r in results])
-    return StageResult(
-        stage=stage,
-        target_rate=stage_target_rate(cfg, scale, rate),
-        duration_s=cfg.duration,
-        scheduled=len(schedule),
-        sent=sum(m.sent for m in merged.values()),
-        tenants=merged,
+    merged = merge_tenants([t.name for t in cfg.tenants], [r.tenants for r in results])
+    return stage_result(
+        cfg, stage, scale, schedule, merged,
         t0=t0,
         last_send=max((r.last_send for r in results), default=0),
         end=max((r.end for r in results), default=t0),
@@ -294,12 +288,28 @@ def run_stage(
         cpu_s=sum(r.cpu_s for r in results),
         connections_opened=sum(r.connections_opened for r in results),
         max_in_flight=sum(r.max_in_flight for r in results),
+        started_unix=started_unix,
+    )
+
+
+def stage_result(cfg: RunConfig, stage: int, scale: float, schedule: Schedule, merged: dict[str, TenantMetrics],
+                 **measured: Any) -> StageResult:
+    """A stage's result: what the configuration and the schedule say, and ``measured`` (t0, last_send, end,
+    workers, cpu_s, connections_opened, max_in_flight, started_unix; hosts on several hosts) as given."""
+    names = [t.name for t in cfg.tenants]
+    return StageResult(
+        stage=stage,
+        target_rate=stage_target_rate(cfg, scale, len(schedule) / cfg.duration),
+        duration_s=cfg.duration,
+        scheduled=len(schedule),
+        sent=sum(m.sent for m in merged.values()),
+        tenants=merged,
         lag_bound_ms=cfg.lag_bound_ms,
         min_achieved=cfg.min_achieved,
         per_tenant_scheduled=dict(zip(names, schedule.count_by_tenant(len(names)), strict=True)),
         per_tenant_slo={t.name: t.slo.given() for t in cfg.tenants if t.slo.given()},
         warmup_s=cfg.warmup,
-        started_unix=started_unix,
+        **measured,
     )
 
 
