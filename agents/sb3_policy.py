@@ -199,7 +199,8 @@ class SB3Policy:
             choices, _ = self.model.predict(np.asarray(vec, dtype=np.float32), deterministic=True)
             current = [t.limit for t in obs.tenants]
             if self.anchors is not None:
-                return set_codec.anchored_delta_list(choices[0], current, self.anchors, self.limits)
+                factors = set_codec.factor_set(getattr(policy, "set_factors", "narrow"))
+                return set_codec.anchored_delta_list(choices[0], current, self.anchors, self.limits, factors)
             return set_codec.to_deltas(choices[0], current, self.limits)
         vec = self.norm.normalize_obs(obs.to_vector(self.layout)[None, :])
         action, _ = self.model.predict(np.asarray(vec, dtype=np.float32), deterministic=True)

@@ -23,7 +23,8 @@ magnitude.
 
 **Anchored** (``anchored=True``; the policy config's ``anchor: tuned``): the policy acts around given
 per-tenant caps ``A`` (static:best's, tuned offline for the scenario). The vector gains M more entries, each
-slot's anchor (0 in padding), after the mask; a choice ``c`` then asks for the target ``A · FACTORS[c]``
+slot's anchor (0 in padding), after the mask; a choice ``c`` then asks for the target ``A · FACTORS[c]`` (or
+``A · WIDE_FACTORS[c]``: ×¼ … ×8, for a policy trained with ``policy.anchor_factors: wide``)
 (at least one away from ``A`` when the factor is not 1, clipped to the limit bounds), and the delta moves
 the current limit towards that target by at most ``max_step``. "Hold" holds the anchor, so a policy that
 always holds *is* static:best, and every other choice is a bounded, non-cumulative deviation from it: the
@@ -41,6 +42,19 @@ from admit.core.spec import Limits
 MAX_TENANTS = 8
 FACTORS: tuple[float, ...] = (0.5, 0.75, 0.9, 1.0, 1.1, 1.33, 2.0)
 HOLD = FACTORS.index(1.0)
+# The anchored policy's other choice set (``policy.anchor_factors: wide``): whole steps away from the anchor,
+# up to eight times it, so a tenant held at a cap of 1 beside a tenant that has gone quiet can be lent 8
+# slots in one choice. "hold" keeps its index, so the network's head is the same either way.
+WIDE_FACTORS: tuple[float, ...] = (0.25, 0.5, 0.75, 1.0, 2.0, 4.0, 8.0)
+FACTOR_SETS: dict[str, tuple[float, ...]] = {"narrow": FACTORS, "wide": WIDE_FACTORS}
+assert all(fs.index(1.0) == HOLD and len(fs) == len(FACTORS) for fs in FACTOR_SETS.values())
+
+
+def factor_set(name: str) -> tuple[float, ...]:
+    """The choice set called ``name`` (``FACTOR_SETS``); ValueError naming the allowed ones."""
+    if name not in FACTOR_SETS:
+        raise ValueError(f"factor set {name!r} is unknown; allowed: {', '.join(FACTOR_SETS)}")
+    return FACTOR_SETS[name]
 N_GLOBAL = len(GLOBAL_FEATURES) + 3
 N_TENANT = len(TENANT_FEATURES)
 
@@ -137,9 +151,11 @@ def to_deltas(choices: Sequence[int] | np.ndarray, current: Sequence[float], lim
 
 
 def anchored_delta_list(choices: Sequence[int] | np.ndarray, current: Sequence[float] | np.ndarray,
-                        anchors: Sequence[int], limits: Limits) -> list[int]:
+                        anchors: Sequence[int], limits: Limits,
+                        factors: tuple[float, ...] = FACTORS) -> list[int]:
     """Per-tenant deltas (within ±max_step) towards each choice's target around the anchors (the module
-    docstring's anchored action); tenant by tenant in Python, as ``delta_list``."""
+    docstring's anchored action), the choices indexing ``factors`` (``FACTORS``, or ``WIDE_FACTORS`` for a
+    policy trained with them); tenant by tenant in Python, as ``delta_list``."""
     n = len(current)
     if len(choices) < n or len(anchors) != n:
         raise ValueError(f"{len(choices)} choices and {len(anchors)} anchors for {n} tenants")
@@ -149,9 +165,9 @@ def anchored_delta_list(choices: Sequence[int] | np.ndarray, current: Sequence[f
     out = []
     for i in range(n):
         c = int(vals[i])
-        if not 0 <= c < len(FACTORS):
-            raise ValueError(f"choice {c} is out of range 0..{len(FACTORS) - 1}")
-        f, a = FACTORS[c], int(anchors[i])
+        if not 0 <= c < len(factors):
+            raise ValueError(f"choice {c} is out of range 0..{len(factors) - 1}")
+        f, a = factors[c], int(anchors[i])
         t = round(a * f)
         if f > 1.0:
             t = max(t, a + 1)

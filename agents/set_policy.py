@@ -31,7 +31,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from admit.agents.set_codec import HOLD, MAX_TENANTS, N_GLOBAL, N_TENANT, anchored_of
+from admit.agents.set_codec import HOLD, MAX_TENANTS, N_GLOBAL, N_TENANT, anchored_of, factor_set
 from stable_baselines3.common.distributions import MultiCategoricalDistribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 from torch import nn
@@ -178,11 +178,13 @@ class TenantSetPolicy(ActorCriticPolicy):
     """ActorCriticPolicy with the DeepSets extractor and the shared slot head (see the module docstring)."""
 
     def __init__(self, *args: Any, hidden: int = 64, max_tenants: int = MAX_TENANTS, activation: str = "tanh",
-                 hold_bias: float = 0.0, **kwargs: Any) -> None:
+                 hold_bias: float = 0.0, factors: str = "narrow", **kwargs: Any) -> None:
         self.set_hidden = hidden
         self.set_max_tenants = max_tenants
         self.set_activation = activation
         self.set_hold_bias = float(hold_bias)
+        factor_set(factors)  # a bad name fails here, naming the sets
+        self.set_factors = factors  # which choice set the anchored action decodes with (set_codec.FACTOR_SETS)
         kwargs.setdefault("ortho_init", False)  # our layers keep torch's default init; the head is set below
         super().__init__(*args, **kwargs)
 
@@ -209,5 +211,5 @@ class TenantSetPolicy(ActorCriticPolicy):
     def _get_constructor_parameters(self) -> dict[str, Any]:
         data = super()._get_constructor_parameters()
         data.update(hidden=self.set_hidden, max_tenants=self.set_max_tenants, activation=self.set_activation,
-                    hold_bias=self.set_hold_bias)
+                    hold_bias=self.set_hold_bias, factors=self.set_factors)
         return data

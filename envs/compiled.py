@@ -35,6 +35,7 @@ from admit.envs.simulation import (
     RunStats,
     Simulation,
     TenantTotals,
+    decision_count,
     draw_request_columns,
     episode_metrics,
     run_decisions,
@@ -270,12 +271,31 @@ class CompiledSimulation:
         rule = _rule_of(controller, self.n_tenants) if on_decision is None else None
         if rule is None:
             return run_decisions(self, controller, until, on_decision, name)
+        return self._run_rule(rule, until, np.zeros((0, self.n_tenants, K.NTOT), dtype=np.int64))
+
+    def run_recorded(self, controller: Controller) -> np.ndarray:
+        """Run the whole episode of a controller that decides by a built-in rule (static caps, say) and return
+        every tenant's running totals after each decision: an int64 array, decisions × tenants × 7, the last
+        axis in ``IntervalCounts`` order (arrived, completed, dropped, rejected, slo_violations, good,
+        output_tokens). Row ``j`` minus row ``j − 1`` is decision ``j``'s interval, as ``take_interval_totals``
+        would have given it; a twin run on the same requests is what the paired training reward compares
+        against (admit.train.worlds). ValueError for a controller without such a rule."""
+        rule = _rule_of(controller, self.n_tenants)
+        if rule is None:
+            raise ValueError(f"run_recorded needs a controller that decides by a built-in rule (static caps, naive, "
+                             f"differentiated), got {getattr(controller, 'name', type(controller).__name__)!r}")
+        record = np.zeros((decision_count(self.scenario), self.n_tenants, K.NTOT), dtype=np.int64)
+        stats = self._run_rule(rule, None, record)
+        return record[: stats.decisions]
+
+    def _run_rule(self, rule: tuple[int, np.ndarray, np.ndarray], until: float | None,
+                  record: np.ndarray) -> RunStats:
         code, params, targets = rule
         lim = self.spec.limits
         end = float(self.horizon_s if until is None else until)
         decisions, limit_sum = K.run_rule(self._E, self._S, self._arrivals, code, params, targets, lim.max_step,
                                           lim.min, lim.max, self._interval_s, end, self._out,
-                                          np.zeros(self.n_tenants, dtype=np.int64))
+                                          np.zeros(self.n_tenants, dtype=np.int64), record)
         return RunStats(int(decisions), float(limit_sum), self.n_tenants)
 
     # ------------------------------------------------------------------ results

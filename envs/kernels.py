@@ -1522,11 +1522,14 @@ def _rule_deltas(rule, params, targets, k, out, deltas):
 
 
 @kernel
-def run_rule(E, S, arrivals, rule, params, targets, k, lo, hi, interval, end, out, deltas):
+def run_rule(E, S, arrivals, rule, params, targets, k, lo, hi, interval, end, out, deltas, record):
     """``run_decisions`` with ``rule`` as the controller (``Simulation.run``'s loop): until ``end``, observe,
-    decide, set the limits (clamped to [lo, hi]) and run one interval on. Returns (decisions, Σ limits)."""
+    decide, set the limits (clamped to [lo, hi]) and run one interval on. Returns (decisions, Σ limits).
+    ``record`` (decisions × tenants × NTOT, or empty) receives every tenant's running totals after each
+    decision's interval, while it has rows."""
     ai = S[0]
     sf = S[5]
+    tot = S[13]
     nt = ai.shape[0]
     decisions = 0
     limit_sum = 0.0
@@ -1542,6 +1545,10 @@ def run_rule(E, S, arrivals, rule, params, targets, k, lo, hi, interval, end, ou
             if new != cur:
                 set_limit(E, S, i, new)
         advance(E, S, arrivals, min(sf[S_NOW] + interval, end))
+        if decisions < record.shape[0]:
+            for i in range(nt):
+                for c in range(NTOT):
+                    record[decisions, i, c] = tot[i, c]
         limit_sum += total
         decisions += 1
     return decisions, limit_sum

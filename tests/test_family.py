@@ -123,7 +123,7 @@ def test_load_scenario_resolves_instances_and_overrides(sampled):
 @pytest.mark.parametrize(
     ("name", "match"),
     [
-        ("nope@3", "unknown family 'nope'; bundled families: h200-mix"),
+        ("nope@3", "unknown family 'nope'; bundled families: h200-mix, h200-shift"),
         ("h200-mix@x", "seed after '@' must be a non-negative integer"),
         ("h200-mix@-1", "seed after '@' must be a non-negative integer"),
         ("h200-mix@12000", r"seed 12000 is in none of h200-mix's seed ranges \(train 0-9999, validation"),
@@ -280,3 +280,45 @@ def test_long_context_chat_static_64_thrashes_and_4_256_does_much_better():
         assert default["throughput_rps"] < 0.45 * tuned["throughput_rps"]
         assert default["goodput_rps"] < 0.2 * tuned["goodput_rps"]
         assert default["attainment"] < 0.15 < 0.6 < tuned["attainment"]
+
+
+# --------------------------------------------------------------------------- h200-shift: tenants that come and go
+SHIFT_SEEDS = [0, 1, 2, 3, 10000, 10001, 11000, 11001, 11002, 11003]
+
+
+@pytest.mark.parametrize("seed", SHIFT_SEEDS)
+def test_h200_shift_instances_are_valid_and_at_their_load(seed):
+    fam = load_family("h200-shift")
+    sc = sample_scenario(fam, seed)
+    assert fam.tenants.min <= len(sc.tenants) <= fam.tenants.max
+    assert fam.load.min <= scenario_load(sc) <= fam.load.max
+    assert min(tenant_loads(sc)) >= 0.99 * fam.split.min_share * scenario_load(sc)
+
+
+def test_h200_shift_session_tenants_work_and_idle_in_turns_drawn_anew_per_episode():
+    """A session tenant's minutes alternate between work (near its on-rate) and idleness (2 % of it), and which
+    minutes are which changes with the episode seed: what caps tuned on other episodes cannot know."""
+    fam = load_family("h200-shift")
+    found, episodes, both = 0, 0, 0
+    for seed in range(12):
+        sc = sample_scenario(fam, seed)
+        for i, t in enumerate(sc.tenants):
+            if t.arrival.kind != "mmpp":
+                continue
+            assert t.arrival.rate_off == pytest.approx(0.02 * t.arrival.rate_on, rel=1e-4)
+            assert 60 <= t.arrival.mean_on_s <= 600 and 60 <= t.arrival.mean_off_s <= 600
+            per_minute = []
+            for ep in (0, 1):
+                arrivals = [r.arrival for r in draw_requests(sc, ep) if r.tenant == i]
+                per_minute.append(np.histogram(arrivals, bins=np.arange(0, sc.horizon_s + 1, 60))[0])
+            on_per_min = 60 * t.arrival.rate_on
+            for counts in per_minute:
+                if on_per_min >= 20:  # enough requests a minute to tell work from idleness
+                    assert counts.max() < 1.6 * on_per_min
+                    episodes += 1
+                    both += counts.max() > 0.5 * on_per_min and counts.min() < 0.2 * on_per_min
+            assert not np.array_equal(per_minute[0], per_minute[1])
+            found += 1
+    assert found >= 10
+    # a session may last the whole 30 minutes (sojourns average 1 to 10 minutes), but most episodes see both
+    assert episodes >= 10 and both >= 0.6 * episodes

@@ -54,7 +54,8 @@ def train(
         if cfg.family is not None:
             from admit.envs.family import load_family
 
-            load_family(cfg.family)  # fail before importing torch
+            for fam in [cfg.family] if isinstance(cfg.family, str) else cfg.family:
+                load_family(fam)  # fail before importing torch
         else:
             load_scenario(cfg.scenario)  # fail before importing torch
     except (TrainConfigError, ScenarioError) as e:

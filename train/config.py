@@ -108,6 +108,9 @@ class PolicyConfig(_Model):
         default="none", description="tenant-set: act around static:best's tuned caps (set_codec, anchored)")
     hold_bias: float = Field(default=0.0, ge=0.0, le=10.0,
                              description="tenant-set: the initial logit of 'hold' above the other choices")
+    anchor_factors: Literal["narrow", "wide"] = Field(
+        default="narrow", description="tenant-set anchored: the choices around the anchor, narrow (×0.5 … ×2) or "
+        "wide (×0.25 … ×8; admit.agents.set_codec)")
 
     @model_validator(mode="after")
     def _positive(self) -> PolicyConfig:
@@ -121,6 +124,8 @@ class FamilyPool(_Model):
 
     train: int = Field(ge=1, le=1000)
     validation: int = Field(ge=1, le=1000)
+    tune_seeds: int = Field(default=5, ge=1, le=5, description="anchored: the anchors' tuning seeds, the first k of "
+                            "static:best's 5 (fewer is cheaper; below 5 they are cached apart, never deployed)")
 
 
 class ImitationConfig(_Model):
@@ -136,6 +141,14 @@ class ImitationConfig(_Model):
     batch_size: int = Field(default=512, ge=1)
     tune_seeds: int = Field(default=5, ge=1, le=5, description="the targets' tuning seeds: the first k of "
                             "static:best's 5 (fewer is cheaper; below 5 they are cached apart, never deployed)")
+
+
+class PairedReward(_Model):
+    """The anchored run's paired reward (admit.train.worlds.Paired): the policy's good requests less those of its
+    anchors' static caps on the same requests, a tenant short of the anchors' count costing ``1 +
+    tenant_penalty`` per request."""
+
+    tenant_penalty: float = Field(default=4.0, ge=0.0, le=100.0)
 
 
 class NormalizeConfig(_Model):
@@ -192,7 +205,12 @@ class TrainConfig(_Model):
     eval: EvalConfig = EvalConfig()
     checkpoint_freq: int = Field(default=50_000, ge=0, description="env steps between checkpoints; 0 = off")
     reward: RewardOverride | None = Field(default=None, description="reward weights replacing the scenario's")
-    family: str | None = Field(default=None, description="train on this family's train seeds (not `scenario`)")
+    family: str | list[str] | None = Field(
+        default=None, description="train on this family's train seeds (not `scenario`); a list: several families, "
+        "an episode's family drawn with equal probability")
+    paired_reward: PairedReward | None = Field(
+        default=None, description="anchored: reward the policy's good requests against its anchors' own on the same "
+        "requests (replaces the reward's weights)")
     reward_per_offered_load: bool = Field(
         default=False, description="tenant-set: divide the reward by the instance's offered requests/s"
     )
@@ -220,6 +238,12 @@ class TrainConfig(_Model):
             if self.family is not None and self.family_pool is None:
                 raise ValueError("imitation on a family needs family_pool: {train: N, validation: M}, the "
                                  "instances whose static:best caps are imitated")
+        if self.paired_reward is not None and self.policy.anchor != "tuned":
+            raise ValueError("paired_reward compares the policy with its anchors: it needs policy.anchor tuned")
+        if self.policy.anchor_factors != "narrow" and self.policy.anchor != "tuned":
+            raise ValueError("policy.anchor_factors: only an anchored policy (policy.anchor tuned) has them")
+        if isinstance(self.family, list) and (not self.family or len(set(self.family)) != len(self.family)):
+            raise ValueError(f"family: name each family once, got {self.family}")
         if self.policy.anchor == "tuned" and self.family is not None and self.family_pool is None:
             raise ValueError("policy.anchor tuned on a family needs family_pool: {train: N, validation: M}, the "
                              "instances tuned before training (tuning all 10,000 is out of reach)")
@@ -250,6 +274,7 @@ def _allowed_keys(loc: tuple[Any, ...]) -> str:
         ("normalize",): NormalizeConfig,
         ("eval",): EvalConfig,
         ("reward",): RewardOverride,
+        ("paired_reward",): PairedReward,
     }
     model = sections.get(tuple(loc[:-1]))
     return f"; allowed: {', '.join(model.model_fields)}" if model is not None else ""

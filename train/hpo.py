@@ -168,7 +168,8 @@ def validation_worlds(cfg: TrainConfig, n: int) -> list[tuple[str, int]]:
     if cfg.family is not None:
         from admit.envs.family import instances
 
-        return [(name, cfg.eval.seed_base) for name in instances(cfg.family, "validation", n)]
+        fams = [cfg.family] if isinstance(cfg.family, str) else cfg.family
+        return [(name, cfg.eval.seed_base) for fam in fams for name in instances(fam, "validation", n)]
     return [(cfg.scenario, cfg.eval.seed_base + i) for i in range(n)]
 
 

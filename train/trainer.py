@@ -46,7 +46,7 @@ from admit.train.callbacks import (
 from admit.train.config import TrainConfig, write_config
 from admit.train.imitation import imitate
 from admit.train.vec import BlockVecEnv
-from admit.train.worlds import SetEnv, Split, Worlds, tune_pool, with_reward
+from admit.train.worlds import Paired, SetEnv, Split, Worlds, tune_pool, with_reward
 from admit.train.wrappers import MakeEnv, MakeSetEnv, train_episode_seed_base
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -73,7 +73,9 @@ def worlds_of(cfg: TrainConfig, scenario: Scenario | None, split: Split) -> Worl
     anchored = cfg.policy.anchor == "tuned"
     if cfg.family is not None:
         pool = None if cfg.family_pool is None else getattr(cfg.family_pool, split)
-        return Worlds(family=cfg.family, split=split, reward=weights, anchored=anchored, pool=pool)
+        family = cfg.family if isinstance(cfg.family, str) else tuple(cfg.family)
+        k = 5 if cfg.family_pool is None or not anchored else cfg.family_pool.tune_seeds
+        return Worlds(family=family, split=split, reward=weights, anchored=anchored, pool=pool, tune_seeds=k)
     assert scenario is not None
     return Worlds(scenario=scenario, anchored=anchored)  # training_scenario already holds the reward override
 
@@ -82,7 +84,9 @@ def _factory(
     cfg: TrainConfig, scenario: Scenario | None, split: Split, base: int, stride: int
 ) -> Callable[[], gym.Env]:
     if cfg.policy.kind == "tenant-set":
-        return MakeSetEnv(worlds_of(cfg, scenario, split), cfg.reward_per_offered_load, base, stride)
+        paired = None if cfg.paired_reward is None else Paired(cfg.paired_reward.tenant_penalty)
+        return MakeSetEnv(worlds_of(cfg, scenario, split), cfg.reward_per_offered_load, base, stride,
+                          cfg.policy.anchor_factors, paired)
     assert scenario is not None
     return env_factory(scenario, ACTION_KIND[cfg.algo], base, stride)
 
@@ -141,7 +145,8 @@ def build_model(cfg: TrainConfig, venv: VecEnv, tensorboard_dir: Path | None) ->
         from admit.agents.set_policy import TenantSetPolicy
 
         policy, policy_kwargs = TenantSetPolicy, {"hidden": cfg.policy.hidden, "activation": cfg.policy.activation,
-                                                  "hold_bias": cfg.policy.hold_bias}
+                                                  "hold_bias": cfg.policy.hold_bias,
+                                                  "factors": cfg.policy.anchor_factors}
     return ALGORITHMS[cfg.algo](
         policy,
         venv,
@@ -176,7 +181,10 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
         # every instance's caps before the envs start (worker processes read them from the cache)
         t0 = time.perf_counter()
         both = cfg.eval.freq > 0 and cfg.policy.anchor == "tuned"  # imitation: the train instances only
-        k = cfg.imitation.tune_seeds if cfg.imitation is not None and not both else 5  # anchored: static:best's own
+        if cfg.imitation is not None and not both:
+            k = cfg.imitation.tune_seeds
+        else:  # anchored: static:best's own seeds, or the first family_pool.tune_seeds of them
+            k = cfg.family_pool.tune_seeds if cfg.family_pool is not None else 5
         for split in ("train", "validation") if both else ("train",):
             tune_pool(worlds_of(cfg, scenario, split), workers=max(1, min(2, os.cpu_count() or 1)), tune_seeds=k)
         tuning_s = time.perf_counter() - t0

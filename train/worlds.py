@@ -60,47 +60,79 @@ def offered_rps(scenario: Scenario) -> float:
 
 @dataclass(frozen=True)
 class Worlds:
-    """One scenario, or the instances of ``family``'s ``split`` seed range (picklable, for worker processes)."""
+    """One scenario, or the instances of ``family``'s ``split`` seed range (picklable, for worker processes).
+
+    ``family`` may name several families (a tuple, or ``"a+b"``): an episode then draws one of them with equal
+    probability and an instance of its range (its first ``pool`` seeds, with a pool) from the same stream."""
 
     scenario: Scenario | None = None
-    family: str | None = None
+    family: str | tuple[str, ...] | None = None
     split: Split = "train"
     reward: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     anchored: bool = False
     pool: int | None = None
+    tune_seeds: int = 5  # anchored: the anchors' tuning seeds, the first k of static:best's 5 (`anchors_for`)
 
     def __post_init__(self) -> None:
+        if not 1 <= self.tune_seeds <= 5:
+            raise ValueError(f"tune_seeds must be 1..5 (the first k of static:best's tuning seeds), got "
+                             f"{self.tune_seeds}")
+        if isinstance(self.family, str):
+            object.__setattr__(self, "family", tuple(self.family.split("+")))
         if (self.scenario is None) == (self.family is None):
             raise ValueError("Worlds needs exactly one of scenario and family")
         if self.family is not None:
-            rng = getattr(load_family(self.family).seeds, self.split)  # a bad name fails here, naming the families
-            if self.pool is not None and not 1 <= self.pool <= rng.last - rng.first + 1:
-                raise ValueError(f"pool must be 1..{rng.last - rng.first + 1} instances of {self.family}'s "
-                                 f"{self.split} seeds, got {self.pool}")
+            if not self.family or len(set(self.family)) != len(self.family):
+                raise ValueError(f"family: name each family once, got {'+'.join(self.family)!r}")
+            for fam in self.family:
+                rng = getattr(load_family(fam).seeds, self.split)  # a bad name fails here, naming the families
+                if self.pool is not None and not 1 <= self.pool <= rng.last - rng.first + 1:
+                    raise ValueError(f"pool must be 1..{rng.last - rng.first + 1} instances of {fam}'s "
+                                     f"{self.split} seeds, got {self.pool}")
         elif self.pool is not None:
             raise ValueError("pool is for a family's instances, not one scenario")
 
-    def seeds(self) -> range:
-        """The instance seeds episodes draw from (the split's range, or its first ``pool`` seeds)."""
-        rng = getattr(load_family(self.family or "").seeds, self.split)
+    @property
+    def families(self) -> tuple[str, ...]:
+        fam = self.family
+        return fam if isinstance(fam, tuple) else ()
+
+    def family_seeds(self, family: str) -> range:
+        """``family``'s instance seeds episodes draw from (the split's range, or its first ``pool`` seeds)."""
+        rng = getattr(load_family(family).seeds, self.split)
         last = rng.last if self.pool is None else rng.first + self.pool - 1
         return range(rng.first, last + 1)
 
-    def instance(self, seed: int) -> Scenario:
-        return with_reward(_instance(self.family or "", seed), self.reward)
+    def seeds(self) -> range:
+        """The instance seeds of a one-family run (``family_seeds`` of it)."""
+        if len(self.families) != 1:
+            raise ValueError(f"seeds() is for one family; these worlds draw from {'+'.join(self.families)}")
+        return self.family_seeds(self.families[0])
+
+    def names(self) -> list[str]:
+        """Every instance the episodes can draw, ``FAMILY@SEED``, family by family."""
+        return [f"{fam}@{s}" for fam in self.families for s in self.family_seeds(fam)]
+
+    def instance(self, seed: int, family: str | None = None) -> Scenario:
+        return with_reward(_instance(family or self.families[0], seed), self.reward)
 
     def pick(self, episode_seed: int) -> Scenario:
         if self.scenario is not None:
             return with_reward(self.scenario, self.reward)
-        seeds = self.seeds()
-        s = int(np.random.default_rng([episode_seed, 0x5E7]).integers(seeds.start, seeds.stop))
-        return self.instance(s)
+        rng = np.random.default_rng([episode_seed, 0x5E7])
+        fams = self.families
+        fam = fams[0] if len(fams) == 1 else fams[int(rng.integers(len(fams)))]
+        seeds = self.family_seeds(fam)
+        return self.instance(int(rng.integers(seeds.start, seeds.stop)), fam)
 
     def describe(self) -> str:
         if self.scenario is not None:
             return self.scenario.name
-        seeds = self.seeds()
-        return f"{self.family}@{seeds.start}-{seeds.stop - 1} ({self.split})"
+        parts = []
+        for fam in self.families:
+            seeds = self.family_seeds(fam)
+            parts.append(f"{fam}@{seeds.start}-{seeds.stop - 1}")
+        return f"{' + '.join(parts)} ({self.split})"
 
 
 def anchors_for(scenario: Scenario, tune_seeds: int = 5) -> list[int]:
@@ -117,8 +149,26 @@ def tune_pool(worlds: Worlds, workers: int, log: Any = None, tune_seeds: int = 5
     from admit.evaluate.tune import TUNING_SEEDS, pool_caps
 
     seeds = TUNING_SEEDS[:tune_seeds]
-    scenarios = [worlds.scenario] if worlds.scenario is not None else [worlds.instance(s) for s in worlds.seeds()]
+    scenarios = ([worlds.scenario] if worlds.scenario is not None else
+                 [worlds.instance(s, fam) for fam in worlds.families for s in worlds.family_seeds(fam)])
     return {sc.name: list(pool_caps(sc, seeds, workers=workers, log=log).caps) for sc in scenarios}
+
+
+@dataclass(frozen=True)
+class Paired:
+    """The paired reward of an anchored run (module docstring): each episode also runs its anchors' static caps
+    on the same requests, and the reward is what the policy's good completions add to theirs, with a tenant
+    whose running total falls below the anchors' own costing ``1 + tenant_penalty`` per request it is short."""
+
+    tenant_penalty: float = 4.0
+
+    def __post_init__(self) -> None:
+        if not 0 <= self.tenant_penalty <= 100:
+            raise ValueError(f"tenant_penalty must be in [0, 100], got {self.tenant_penalty}")
+
+    def potential(self, diff: np.ndarray) -> float:
+        """Φ of the tenants' running differences (policy's good requests − the anchors' good requests)."""
+        return float(diff.sum() + self.tenant_penalty * np.minimum(diff, 0.0).sum())
 
 
 class SetEnv(gym.Env):
@@ -126,15 +176,26 @@ class SetEnv(gym.Env):
 
     metadata = {"render_modes": []}  # noqa: RUF012 (gymnasium convention)
 
-    def __init__(self, worlds: Worlds, per_offered_load: bool = True, max_tenants: int = set_codec.MAX_TENANTS) -> None:
+    def __init__(self, worlds: Worlds, per_offered_load: bool = True, max_tenants: int = set_codec.MAX_TENANTS,
+                 factors: str = "narrow", paired: Paired | None = None) -> None:
         self.worlds = worlds
         self.per_offered_load = per_offered_load
         self.max_tenants = max_tenants
         self.anchored = worlds.anchored
+        self.factors = set_codec.factor_set(factors)
+        if factors != "narrow" and not self.anchored:
+            raise ValueError(f"factors {factors!r}: only an anchored policy acts with another choice set")
+        if paired is not None and not self.anchored:
+            raise ValueError("the paired reward compares the policy with its anchors: it needs anchored worlds")
+        self.paired = paired
         self.observation_space = gym.spaces.Box(
             0.0, FEATURE_MAX, (set_codec.set_vector_size(max_tenants, self.anchored),), dtype=np.float32)
         self.anchors: list[int] | None = None
-        self.action_space = gym.spaces.MultiDiscrete(np.full(max_tenants, len(set_codec.FACTORS), dtype=np.int64))
+        self.action_space = gym.spaces.MultiDiscrete(np.full(max_tenants, len(self.factors), dtype=np.int64))
+        self._twin_good = np.zeros((0, 0))  # the anchors' episode: each tenant's good requests after each decision
+        self._good = np.zeros(0)
+        self._phi = self._total = 0.0
+        self._decision = 0
         self._envs: OrderedDict[str, TenantAdmissionEnv] = OrderedDict()  # a few built worlds, reused
         self.inner: TenantAdmissionEnv | None = None
         self.scale = 1.0
@@ -170,7 +231,11 @@ class SetEnv(gym.Env):
         self.limits = sc.control_spec().limits
         self.scale = 1.0 / max(offered_rps(sc), 1e-9) if self.per_offered_load else 1.0
         flat, info = self.inner.reset(seed=seed)
-        self.anchors = anchors_for(sc) if self.anchored else None
+        self.anchors = anchors_for(sc, self.worlds.tune_seeds) if self.anchored else None
+        if self.paired is not None:
+            self._twin_good = self._anchor_episode(sc, seed)
+            self._good = np.zeros(self.inner.n)
+            self._phi, self._total, self._decision = 0.0, 0.0, 0
         # the episode's vector layout, checked once: set_vector of a zero observation is the template
         self._template = set_codec.set_vector(np.zeros_like(flat), self.inner.n, self.limits, self.max_tenants,
                                               self.anchors)
@@ -187,10 +252,46 @@ class SetEnv(gym.Env):
         if self.anchors is None:
             deltas = set_codec.delta_list(choices, inner.sim.limits, self.limits)
         else:
-            deltas = set_codec.anchored_delta_list(choices, inner.sim.limits, self.anchors, self.limits)
+            deltas = set_codec.anchored_delta_list(choices, inner.sim.limits, self.anchors, self.limits, self.factors)
         flat, reward, terminated, truncated, info = inner.step(np.array([d + k for d in deltas], dtype=np.int64))
+        if self.paired is not None:
+            reward = self._paired_reward(info)
         if self.scale != 1.0:
             reward *= self.scale
             info["reward_terms"] = {key: v * self.scale for key, v in info["reward_terms"].items()}
         info["world"] = inner.scenario.name
         return self._vec(flat), float(reward), terminated, truncated, info
+
+    def _anchor_episode(self, sc: Scenario, seed: int) -> np.ndarray:
+        """Each tenant's good requests so far after every decision of the anchors' own episode on this seed
+        (static caps at the anchors, ramped from the initial limits as static:best is: one kernel call)."""
+        from admit.controllers.static import StaticController
+        from admit.envs.compiled import CompiledSimulation
+        from admit.envs.kernels import T_GOOD
+
+        assert self.anchors is not None
+        ctrl = StaticController(self.anchors)
+        ctrl.reset(sc.control_spec(), seed)
+        return CompiledSimulation(sc, seed).run_recorded(ctrl)[:, :, T_GOOD].astype(np.float64)
+
+    def _paired_reward(self, info: dict[str, Any]) -> float:
+        """This decision's change of the paired potential (``Paired``), per second of the interval; the terms
+        go to ``info["reward_terms"]`` (the plain reward's terms are replaced)."""
+        from admit.envs.compiled import CompiledSimulation
+        from admit.envs.kernels import T_GOOD
+
+        assert self.paired is not None and self.inner is not None
+        sim = self.inner.sim
+        if type(sim) is not CompiledSimulation:
+            raise TypeError("the paired reward needs the compiled world (TenantAdmissionEnv(world='compiled'))")
+        self._good += sim.last_counts[:, T_GOOD]
+        row = min(self._decision, len(self._twin_good) - 1)
+        self._decision += 1
+        diff = self._good - self._twin_good[row]
+        phi, total = self.paired.potential(diff), float(diff.sum())
+        dt = self.inner.scenario.interval_s
+        reward = (phi - self._phi) / dt
+        gained = (total - self._total) / dt
+        info["reward_terms"] = {"paired_goodput": gained, "tenant_shortfall": reward - gained}
+        self._phi, self._total = phi, total
+        return reward

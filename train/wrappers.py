@@ -21,7 +21,7 @@ import numpy as np
 from admit.agents.action_codec import ActionKind, action_space, to_env_action
 from admit.envs.env import TenantAdmissionEnv
 from admit.envs.scenario import Scenario
-from admit.train.worlds import SetEnv, Worlds
+from admit.train.worlds import Paired, SetEnv, Worlds
 
 TRAIN_SEED_BASE = 1_000_000
 VALIDATION_SEED_BASE = 500_000
@@ -96,6 +96,9 @@ class MakeSetEnv:
     per_offered_load: bool
     seed_base: int
     seed_stride: int = 1
+    factors: str = "narrow"
+    paired: Paired | None = None
 
     def __call__(self) -> gym.Env:
-        return EpisodeSeeds(SetEnv(self.worlds, self.per_offered_load), self.seed_base, self.seed_stride)
+        env = SetEnv(self.worlds, self.per_offered_load, factors=self.factors, paired=self.paired)
+        return EpisodeSeeds(env, self.seed_base, self.seed_stride)
