@@ -51,3 +51,29 @@ def test_family_train_speed_measures_the_steps_it_was_asked_for_and_splits_them(
     phases = res["rollout_s"] + res["update_s"]
     assert 0.7 * res["wall_s"] <= phases <= res["wall_s"] + 1e-6  # learn's own set-up is the rest
     assert res["trainer_max_rss_mb"] > 50
+
+
+def test_why_shifts_rule_lends_only_while_the_lender_idles() -> None:
+    """benchmarks/why_shift.py's pair rule: caps held while the lender works, the borrower's cap times the factor
+    while the lender's rate is under 15 % of its recent peak with nothing queued, and back at once after."""
+    from admit.core.observation import Observation, TenantObservation
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import why_shift
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    spec = load_scenario("h200-shift@0").control_spec()
+    caps = [2] + [64] * (spec.n_tenants - 1)
+    rule = why_shift.PairLend(caps, borrower=0, lender=1, factor=8)
+    rule.reset(spec)
+
+    def obs(lender_arrivals: float, queued: float = 0.0) -> Observation:
+        ts = [TenantObservation(limit=float(c)) for c in caps]
+        ts[1].arrivals, ts[1].queue_depth = lender_arrivals, queued
+        return Observation(0.0, 10.0, 0.0, 0.0, 0.0, ts)
+
+    assert rule.act(obs(50)) == [0] * spec.n_tenants  # working: hold
+    assert rule.act(obs(5))[0] == 14  # 0.5 req/s of a 5 req/s peak: idle, so 2 -> 16 (one step of at most 16)
+    assert rule.act(obs(5, queued=3))[0] == 0  # something queued: not idle
+    assert rule.act(obs(40))[0] == 0  # working again: the target is the cap

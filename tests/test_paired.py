@@ -99,6 +99,15 @@ def test_holding_earns_exactly_nothing_and_a_deviation_earns_its_paired_differen
     assert terms["tenant_shortfall"] == pytest.approx(4.0 * np.minimum(diff, 0).sum(), abs=1e-9)
 
 
+def test_a_tolerance_frees_small_shortfalls_of_the_penalty() -> None:
+    diff, arrived = np.array([-5.0, 3.0, -30.0]), np.array([1000.0, 100.0, 1000.0])
+    assert Paired(4.0).potential(diff, arrived) == -32.0 + 4.0 * -35.0
+    # 1 % of 1000 arrivals: 5 short is free, 30 short costs its 20 beyond the allowance
+    assert Paired(4.0, 0.01).potential(diff, arrived) == -32.0 + 4.0 * -20.0
+    with pytest.raises(ValueError, match=r"tolerance must be in \[0, 0.1\]"):
+        Paired(4.0, 0.5)
+
+
 def test_the_paired_reward_and_wide_choices_need_anchors() -> None:
     sc = load_scenario("h200-live-small")
     with pytest.raises(ValueError, match="the paired reward compares the policy with its anchors"):

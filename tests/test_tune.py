@@ -365,3 +365,12 @@ def test_cli_tune_static_bad_input_is_a_clear_error(tmp_path):
     assert r.returncode == 2 and "unknown scenario 'no-such-scenario'" in r.stderr
     r = _admit("tune-static", "--scenario", "seed-paper", "--seeds", "9..3", env_cache=tmp_path)
     assert r.returncode == 2 and "A <= B" in r.stderr
+
+
+def test_an_unbound_static_best_finds_a_family_instances_shipped_caps_by_its_spec() -> None:
+    """The shipped stores' spec fingerprints are of the ControlSpec of the day they were tuned (it has gained
+    fields since): the lookup by spec must not depend on them."""
+    sc = load_scenario("h200-mix@11000")
+    ctrl = make_controller("static:best")
+    ctrl.reset(sc.control_spec(), 0)
+    assert list(ctrl.cap) == list(tune.tuned_caps(sc).caps) == [1, 128, 256, 1]

@@ -149,6 +149,8 @@ class PairedReward(_Model):
     tenant_penalty`` per request."""
 
     tenant_penalty: float = Field(default=4.0, ge=0.0, le=100.0)
+    tolerance: float = Field(default=0.0, ge=0.0, le=0.1, description="a tenant's shortfall free of the penalty, "
+                             "as a share of its arrivals so far (timing noise, not a loss)")
 
 
 class NormalizeConfig(_Model):

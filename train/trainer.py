@@ -84,7 +84,8 @@ def _factory(
     cfg: TrainConfig, scenario: Scenario | None, split: Split, base: int, stride: int
 ) -> Callable[[], gym.Env]:
     if cfg.policy.kind == "tenant-set":
-        paired = None if cfg.paired_reward is None else Paired(cfg.paired_reward.tenant_penalty)
+        paired = None if cfg.paired_reward is None else Paired(cfg.paired_reward.tenant_penalty,
+                                                                cfg.paired_reward.tolerance)
         return MakeSetEnv(worlds_of(cfg, scenario, split), cfg.reward_per_offered_load, base, stride,
                           cfg.policy.anchor_factors, paired)
     assert scenario is not None

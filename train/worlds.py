@@ -161,14 +161,21 @@ class Paired:
     whose running total falls below the anchors' own costing ``1 + tenant_penalty`` per request it is short."""
 
     tenant_penalty: float = 4.0
+    tolerance: float = 0.0  # a tenant may be short by this share of its arrivals so far before it costs more
 
     def __post_init__(self) -> None:
         if not 0 <= self.tenant_penalty <= 100:
             raise ValueError(f"tenant_penalty must be in [0, 100], got {self.tenant_penalty}")
+        if not 0 <= self.tolerance <= 0.1:
+            raise ValueError(f"tolerance must be in [0, 0.1], got {self.tolerance}")
 
-    def potential(self, diff: np.ndarray) -> float:
-        """Φ of the tenants' running differences (policy's good requests − the anchors' good requests)."""
-        return float(diff.sum() + self.tenant_penalty * np.minimum(diff, 0.0).sum())
+    def potential(self, diff: np.ndarray, arrived: np.ndarray | None = None) -> float:
+        """Φ of the tenants' running differences (policy's good requests − the anchors' good requests), each
+        tenant's shortfall beyond ``tolerance`` × its arrivals so far (``arrived``) weighted ``tenant_penalty``
+        more."""
+        short = np.minimum(diff, 0.0) if arrived is None or self.tolerance == 0 else \
+            np.minimum(diff + self.tolerance * arrived, 0.0)
+        return float(diff.sum() + self.tenant_penalty * short.sum())
 
 
 class SetEnv(gym.Env):
@@ -193,6 +200,7 @@ class SetEnv(gym.Env):
         self.anchors: list[int] | None = None
         self.action_space = gym.spaces.MultiDiscrete(np.full(max_tenants, len(self.factors), dtype=np.int64))
         self._twin_good = np.zeros((0, 0))  # the anchors' episode: each tenant's good requests after each decision
+        self._twin_arrived = np.zeros((0, 0))  # ... and its arrivals (the same in both worlds)
         self._good = np.zeros(0)
         self._phi = self._total = 0.0
         self._decision = 0
@@ -267,12 +275,14 @@ class SetEnv(gym.Env):
         (static caps at the anchors, ramped from the initial limits as static:best is: one kernel call)."""
         from admit.controllers.static import StaticController
         from admit.envs.compiled import CompiledSimulation
-        from admit.envs.kernels import T_GOOD
+        from admit.envs.kernels import T_ARRIVED, T_GOOD
 
         assert self.anchors is not None
         ctrl = StaticController(self.anchors)
         ctrl.reset(sc.control_spec(), seed)
-        return CompiledSimulation(sc, seed).run_recorded(ctrl)[:, :, T_GOOD].astype(np.float64)
+        record = CompiledSimulation(sc, seed).run_recorded(ctrl)
+        self._twin_arrived = record[:, :, T_ARRIVED].astype(np.float64)
+        return record[:, :, T_GOOD].astype(np.float64)
 
     def _paired_reward(self, info: dict[str, Any]) -> float:
         """This decision's change of the paired potential (``Paired``), per second of the interval; the terms
@@ -288,7 +298,7 @@ class SetEnv(gym.Env):
         row = min(self._decision, len(self._twin_good) - 1)
         self._decision += 1
         diff = self._good - self._twin_good[row]
-        phi, total = self.paired.potential(diff), float(diff.sum())
+        phi, total = self.paired.potential(diff, self._twin_arrived[row]), float(diff.sum())
         dt = self.inner.scenario.interval_s
         reward = (phi - self._phi) / dt
         gained = (total - self._total) / dt
