@@ -174,3 +174,22 @@ def test_a_wide_anchored_policy_deploys_with_its_own_choice_set(tmp_path: Path) 
         ctrl.model.policy.action_net.out.bias.copy_(torch.tensor([50.0, 0, 0, 0, 0, 0, 0]))
     assert ctrl.act(obs) == [max(-lim.max_step, min(lim.max_step, max(lim.min, round(c / 4)) - int(t.limit)))
                              for c, t in zip(caps, obs.tenants, strict=True)]
+
+
+def test_a_pool_tuned_one_instance_per_process_has_the_caps_of_one_search_at_a_time(tmp_path: Path,
+                                                                                   monkeypatch) -> None:
+    from admit.evaluate import tune
+    from admit.train.worlds import tune_pool
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "envs/families/h200-shift.yaml").read_text())
+    data["scenario"]["horizon_s"] = 240  # short episodes: a quick search
+    fam = tmp_path / "short-shift.yaml"
+    fam.write_text(yaml.safe_dump(data))
+    worlds = Worlds(family=str(fam), split="validation", pool=2, anchored=True, tune_seeds=1)
+    monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "a"))
+    parallel = tune_pool(worlds, workers=2, tune_seeds=1)
+    assert len(list((tmp_path / "a" / "pool_caps").glob("*.json"))) == 2  # the processes wrote them
+    monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "b"))
+    one = {sc.name: list(tune.pool_caps(sc, tune.TUNING_SEEDS[:1], workers=1).caps)
+           for sc in (worlds.instance(s, str(fam)) for s in worlds.family_seeds(str(fam)))}
+    assert parallel == one and len(one) == 2
