@@ -779,11 +779,11 @@ def scenario_for_spec(spec: ControlSpec, log: Callable[[str], None] | None = Non
         sc = load_scenario(name)
         if sc.control_spec() == spec:
             found.setdefault(fingerprint(sc), sc)
-    names = tuple(t.name for t in spec.tenants)
+    tenant_names = tuple(t.name for t in spec.tenants)
     for st in all_stores(say):
         # the tenants' names sift the stores (a store's spec fingerprint is of the ControlSpec of its day, and
         # the spec has gained fields since); the spec itself decides
-        if st.tenants != names or st.source in bundled_scenarios():
+        if st.tenants != tenant_names or st.source in bundled_scenarios():
             continue
         try:
             sc = load_scenario(st.source)
