@@ -193,3 +193,37 @@ def test_a_pool_tuned_one_instance_per_process_has_the_caps_of_one_search_at_a_t
     one = {sc.name: list(tune.pool_caps(sc, tune.TUNING_SEEDS[:1], workers=1).caps)
            for sc in (worlds.instance(s, str(fam)) for s in worlds.family_seeds(str(fam)))}
     assert parallel == one and len(one) == 2
+
+
+def _anchors_in_child(scenario, queue) -> None:  # type: ignore[no-untyped-def]
+    from admit.train.worlds import anchors_for
+
+    try:
+        queue.put(anchors_for(scenario, 1))
+    except BaseException as e:  # the parent's assertion shows what went wrong
+        queue.put(repr(e))
+
+
+def test_an_env_in_a_daemonic_worker_tunes_an_untuned_instance_itself(tmp_path: Path, monkeypatch) -> None:
+    """A vector env's worker is a daemonic process, which may not start a process pool: an instance nobody
+    tuned before must still get its caps there (tuned in that process), the caps of the same search anywhere."""
+    import multiprocessing
+
+    from admit.evaluate import tune
+
+    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "envs/families/h200-shift.yaml").read_text())
+    data["scenario"]["horizon_s"] = 240
+    fam = tmp_path / "short-shift.yaml"
+    fam.write_text(yaml.safe_dump(data))
+    worlds = Worlds(family=str(fam), split="validation", pool=1)
+    sc = worlds.instance(worlds.family_seeds(str(fam)).start, str(fam))
+    monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "a"))
+    monkeypatch.setenv("ADMIT_TUNE_WORKERS", "2")  # what would start a pool, were it not a daemon
+    ctx = multiprocessing.get_context("fork")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_anchors_in_child, args=(sc, queue), daemon=True)
+    child.start()
+    got = queue.get(timeout=600)
+    child.join()
+    monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "b"))
+    assert got == list(tune.pool_caps(sc, tune.TUNING_SEEDS[:1], workers=1).caps)

@@ -165,6 +165,23 @@ def training_scenario(cfg: TrainConfig) -> Scenario:
     return with_reward(load_scenario(cfg.scenario), cfg.reward.weights() if cfg.reward is not None else None)
 
 
+def tune_anchors(cfg: TrainConfig, scenario: Scenario | None) -> float:
+    """Tune (or find in the cache) the caps of every instance an anchored or imitating run draws, before its
+    envs start, so the env worker processes read them from the cache; returns the seconds it took (0 when
+    the run needs no caps)."""
+    if cfg.policy.anchor != "tuned" and cfg.imitation is None:
+        return 0.0
+    t0 = time.perf_counter()
+    both = cfg.eval.freq > 0 and cfg.policy.anchor == "tuned"  # imitation: the train instances only
+    if cfg.imitation is not None and not both:
+        k = cfg.imitation.tune_seeds
+    else:  # anchored: static:best's own seeds, or the first family_pool.tune_seeds of them
+        k = cfg.family_pool.tune_seeds if cfg.family_pool is not None else 5
+    for split in ("train", "validation") if both else ("train",):
+        tune_pool(worlds_of(cfg, scenario, split), workers=max(1, min(2, os.cpu_count() or 1)), tune_seeds=k)
+    return time.perf_counter() - t0
+
+
 def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str, Any]:
     """Run one training; returns the summary that is also written to ``out/summary.json``."""
     torch.set_num_threads(cfg.torch_threads)
@@ -177,18 +194,7 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
     if scenario is not None:
         (out / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
 
-    tuning_s = 0.0
-    if cfg.policy.anchor == "tuned" or cfg.imitation is not None:
-        # every instance's caps before the envs start (worker processes read them from the cache)
-        t0 = time.perf_counter()
-        both = cfg.eval.freq > 0 and cfg.policy.anchor == "tuned"  # imitation: the train instances only
-        if cfg.imitation is not None and not both:
-            k = cfg.imitation.tune_seeds
-        else:  # anchored: static:best's own seeds, or the first family_pool.tune_seeds of them
-            k = cfg.family_pool.tune_seeds if cfg.family_pool is not None else 5
-        for split in ("train", "validation") if both else ("train",):
-            tune_pool(worlds_of(cfg, scenario, split), workers=max(1, min(2, os.cpu_count() or 1)), tune_seeds=k)
-        tuning_s = time.perf_counter() - t0
+    tuning_s = tune_anchors(cfg, scenario)
     venv = make_vec_env(cfg, scenario)
     model = build_model(cfg, venv, out / "tb")
     imitation: list[dict[str, float]] = []

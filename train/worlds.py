@@ -138,9 +138,14 @@ class Worlds:
 def anchors_for(scenario: Scenario, tune_seeds: int = 5) -> list[int]:
     """static:best's caps for ``scenario`` (tuned now and cached when no store has them); with ``tune_seeds``
     below 5, the same search on the first ``tune_seeds`` of its seeds (admit.evaluate.tune.pool_caps)."""
+    import multiprocessing
+
     from admit.evaluate.tune import TUNING_SEEDS, pool_caps  # imported on use: the anchored runs only
 
-    return list(pool_caps(scenario, TUNING_SEEDS[:tune_seeds]).caps)
+    # an env in a vector env's worker (a daemonic process, which may not start a pool of its own) tunes an
+    # instance nobody tuned before in this process; `tune_pool` ahead of the envs avoids that
+    workers = 1 if multiprocessing.current_process().daemon else None
+    return list(pool_caps(scenario, TUNING_SEEDS[:tune_seeds], workers=workers).caps)
 
 
 def tune_pool(worlds: Worlds, workers: int, log: Any = None, tune_seeds: int = 5) -> dict[str, list[int]]:
