@@ -707,8 +707,10 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
         f"{REPRODUCTION} also keeps the seed study's verdict, Pareto-dominating plain static on throughput, e2e "
         "p99 and drops (docs/reproduction.md, which argues why nothing can win there).",
         "The policies are described in docs/controllers.md; the PPO policies (`ppo:<scenario>`, one trained per "
-        "scenario on seeds disjoint from these, and `ppo:general`, one tenant-set policy trained across the "
-        "h200-mix family's train seeds for every scenario) in docs/training.md.",
+        "scenario on seeds disjoint from these; `ppo:general`, one tenant-set policy for every scenario acting "
+        "around its static:best caps, trained on the train instances of the h200-mix and h200-shift families; "
+        "`ppo:general-untuned`, the tenant-set policy without the caps, trained on h200-mix's) in "
+        "docs/training.md.",
         "",
         f"Wall time of this run ({runs_on}): " + "; ".join(timings) + "."
         + (" A re-run (`--rerun`) evaluated the baseline again, got its stored figures seed by seed, and replaced "
