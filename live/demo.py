@@ -11,9 +11,9 @@ tenant, where the scenario's default caps thrash the KV cache.
 The default policies: ``static:best`` (per-tenant caps tuned for goodput offline on seeds 900000–900004,
 shipped in evaluate/static_best/; never the demo's seed), the best hand-written controller on this scenario
 in docs/RESULTS.md (``token:best``), and ``ppo:general`` (the one learned policy for every scenario, acting
-around static:best's caps) when it is shipped. A request is good when it completes within every per-request objective of its tenant (the
-load generator checks them as the simulator does); a tenant's attainment is its good requests over all
-its arrivals. Every process is stopped on exit, error, Ctrl-C or SIGTERM.
+around static:best's caps) when it is shipped. A request is good when it completes within every per-request
+objective of its tenant (the load generator checks them as the simulator does); a tenant's attainment is its
+good requests over all its arrivals. Every process is stopped on exit, error, Ctrl-C or SIGTERM.
 """
 
 from __future__ import annotations
