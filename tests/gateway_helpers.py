@@ -24,6 +24,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
@@ -265,15 +266,27 @@ class GatewayProcess:
         return status, json.loads(data) if data else None
 
     def stacks(self) -> str:
-        """What the gateway is doing now: its threads' stacks (SIGUSR1, gateway/cli.py) and stderr's tail."""
+        """What the gateway is doing now, for a failure message: the kernel's view, its threads' stacks (SIGUSR1,
+        gateway/cli.py; py-spy's reading of its memory when no dump comes), stderr's tail, and last — where a
+        truncated report still shows it — whether its main thread ran, waited for a CPU or slept meanwhile."""
         if self.proc.poll() is not None:
             return f"it exited with status {self.proc.returncode}; its stderr ends:\n{self.stderr()[-4000:]}"
-        kernel = kernel_view(self.proc.pid)  # before the signal: how the process stood when it did not answer
+        pid = self.proc.pid
+        kernel = kernel_view(pid)  # before the signal: how the process stood when it did not answer
+        sched_before = schedstat(pid)
         before = len(self.stderr())
         self.proc.send_signal(signal.SIGUSR1)
-        with contextlib.suppress(StackError):
+        dumped = True
+        try:
             poll(lambda: "most recent call first" in self.stderr()[before:], 5, "the gateway's stacks")
-        return f"{kernel}\nits stacks and stderr:\n{self.stderr()[-6000:]}"
+        except StackError:
+            dumped = False
+        spy = "" if dumped else py_spy_dump(pid)
+        sched_after = schedstat(pid)
+        tail = self.stderr()[-4000:]
+        verdict = sched_verdict(sched_before, sched_after)
+        return (f"{kernel}\nits stderr's tail (a SIGUSR1 dump {'came' if dumped else 'did NOT come'} within 5 s):\n"
+                f"{tail}\n{spy}\nthe main thread while this was read: {verdict}; {main_thread_line(pid)}")
 
     def state(self) -> dict[str, Any]:
         status, body = self.admin("GET", "/admin/state")
@@ -349,6 +362,52 @@ def kernel_view(pid: int) -> str:
                             text=True, timeout=10).stdout.splitlines()
         lines += ["busiest processes:", *(f"  {x[:160]}" for x in ps[:10])]
     return "\n".join(lines)
+
+
+def schedstat(pid: int) -> tuple[int, int, float] | None:
+    """The main thread's ``/proc/PID/schedstat``: ns on a CPU, ns runnable but waiting for one, and when read."""
+    try:
+        run, wait, _ = Path(f"/proc/{pid}/schedstat").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(run), int(wait), time.monotonic()
+
+
+def sched_verdict(a: tuple[int, int, float] | None, b: tuple[int, int, float] | None) -> str:
+    """Between two `schedstat` readings: how long the main thread ran and waited in a run queue."""
+    if a is None or b is None:
+        return "(no schedstat)"
+    ran, waited, span = (b[0] - a[0]) / 1e9, (b[1] - a[1]) / 1e9, b[2] - a[2]
+    slept = " (the rest: it slept or was stopped)" if ran + waited < 0.5 * span else ""
+    return f"ran {ran:.3f} s and waited for a CPU {waited:.3f} s of {span:.1f} s{slept}"
+
+
+def main_thread_line(pid: int) -> str:
+    """The main thread's state, kernel wait channel and (as root) kernel stack, on one line."""
+    def read(path: str) -> str:
+        try:
+            return Path(path).read_text().strip()
+        except OSError as e:
+            return f"({e.strerror})"
+
+    stat = read(f"/proc/{pid}/stat")
+    state = stat.rsplit(")", 1)[-1].split()[0] if ")" in stat else "?"
+    stack = " <- ".join(x.split()[-1] for x in read(f"/proc/{pid}/stack").splitlines()[:8])
+    return f"state {state}, waits in {read(f'/proc/{pid}/wchan') or '-'}, kernel stack: {stack or '-'}"
+
+
+def py_spy_dump(pid: int) -> str:
+    """py-spy's dump of every thread (Python and native frames), read from the process's memory: it works where
+    the process does not run its signal handler. Best effort."""
+    exe = Path(sys.executable).parent / "py-spy"
+    if not exe.exists():
+        return "(py-spy is not installed)"
+    try:
+        out = subprocess.run([str(exe), "dump", "--pid", str(pid), "--native"], capture_output=True, text=True,
+                             timeout=30)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"(py-spy dump failed: {e})"
+    return f"py-spy dump:\n{(out.stdout + out.stderr)[-5000:]}"
 
 
 def tenant_cfg(name: str, **kw: Any) -> dict[str, Any]:
