@@ -221,7 +221,7 @@ def test_live_observation_from_real_vllm_metrics(gw: GatewayProcess) -> None:
 
 
 def test_vllms_own_503_becomes_backend_busy_and_nothing_is_lost(gw: GatewayProcess) -> None:
-    """Fill vLLM with requests that do not finish meanwhile (all the context's tokens each, held open): past
+    """Fill vLLM with requests that rarely finish meanwhile (all the context's tokens each, held open): past
     its running slots and its queue cap every further request is refused, however fast the machine. Then,
     with the engine still full, plain (non-streamed) requests are refused too. Streamed refusals come from
     vLLM either as a 503 or as the only event of a 200 stream; the gateway answers both as a 503."""
@@ -273,8 +273,12 @@ def test_vllms_own_503_becomes_backend_busy_and_nothing_is_lost(gw: GatewayProce
     assert engine()["vllm:admission_rejections_total"] - rejected_before == len(busy)
     lines = wait_for(lambda: len(gw.request_log()) >= log_before + n and gw.request_log()[log_before:], 20,
                      "every log line")
-    assert sorted(r["outcome"] for r in lines) == sorted("client-disconnect" if a[0] == 200 else "backend-busy"
-                                                             for a in answers)
+    # a held request ends when its client leaves; on a slow enough machine (or loop) one may instead have run to
+    # its last token meanwhile, which the gateway logs as served: either way one line, none lost
+    outcomes = [r["outcome"] for r in lines]
+    assert len(outcomes) == n, outcomes
+    assert outcomes.count("backend-busy") == len(busy)
+    assert sum(o in ("client-disconnect", "ok") for o in outcomes) == len(answers) - len(busy), outcomes
     assert all(r["status"] == 503 for r in lines if r["outcome"] == "backend-busy")
     page = gw.metrics()
     assert f'admit_gateway_requests_total{{outcome="backend-busy",tenant="flood"}} {float(len(busy))}' in page
