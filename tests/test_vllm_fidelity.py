@@ -65,5 +65,10 @@ def test_the_simulator_follows_real_vllm_near_the_knee(calibration: Path, tmp_pa
     # every request of the trace was answered on both sides (the load is below vLLM's cap and the queues')
     assert real["completed"] == sim["completed"] == res["requests"]
     s = res["summary"]
-    assert s["central"]["median_abs_error"] <= 0.25, res["errors"]
-    assert s["tails"]["median_abs_error"] <= 0.40, res["errors"]
+    # a failure says on what machine, and how loaded it was while calibrating and now (a fit taken on a busy
+    # machine makes every simulated step too slow)
+    cal = json.loads(calibration.read_text())
+    where = (f"{cal['engine']['device']}; load average {cal['loadavg_1m']} after calibrating, "
+             f"{os.getloadavg()[0]:.2f} after the run; errors {res['errors']}")
+    assert s["central"]["median_abs_error"] <= 0.25, where
+    assert s["tails"]["median_abs_error"] <= 0.40, where
