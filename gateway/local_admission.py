@@ -13,12 +13,17 @@ borrower, higher ``priority`` first and then the tenant with the lowest in-fligh
 running is preempted: a tenant that wants its guaranteed slots back gets the next ones that free up
 (Kueue's borrowing without preemption). Without ``capacity`` the effective limit is the nominal one and
 tenants are independent.
+
+Times (queue deadlines, waits, leases) are on ``time.monotonic``, the clock of the gateway's request record,
+not the event loop's: uvloop's ``loop.time()`` counts whole milliseconds, so a wait read on it could come out
+longer than the TTFT it is part of, and the gateway's own share of that TTFT (``overhead_s``) negative.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -36,7 +41,7 @@ class LocalAdmission(TenantSlots):
         start = [0 if capacity is not None else t.limit for t in tenants]
         self.core = AdmissionCore(
             [QueueConfig(s, t.max_queue, t.queue_timeout_s) for s, t in zip(start, tenants, strict=True)],
-            self._loop.time,
+            time.monotonic,
         )
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at = math.inf
@@ -51,7 +56,7 @@ class LocalAdmission(TenantSlots):
         if got is Offer.ADMITTED:
             if self.capacity is not None:
                 self._rebalance()
-            return Lease(tenant, self._loop.time(), 0.0)
+            return Lease(tenant, time.monotonic(), 0.0)
         if got is Offer.REJECTED:
             raise self._full(tenant)
         if self.capacity is not None:
@@ -64,12 +69,12 @@ class LocalAdmission(TenantSlots):
                 if self.core.cancel(tenant, fut):
                     self.cancelled[tenant] += 1
             elif fut.exception() is None:  # a slot arrived just as the client left: give it back
-                self.release(Lease(tenant, self._loop.time(), fut.result()))
+                self.release(Lease(tenant, time.monotonic(), fut.result()))
             raise
-        return Lease(tenant, self._loop.time(), waited)
+        return Lease(tenant, time.monotonic(), waited)
 
     def release(self, lease: Lease) -> None:
-        if not self._first_release(lease, self._loop.time()):
+        if not self._first_release(lease, time.monotonic()):
             return
         self._free_slot(lease.tenant)
         if self.capacity is not None and not self._rebalancing:
@@ -155,7 +160,7 @@ class LocalAdmission(TenantSlots):
         if self._timer is not None:
             self._timer.cancel()
         self._timer_at = due
-        self._timer = self._loop.call_at(max(due, self._loop.time()) + 0.001, self._on_timer)
+        self._timer = self._loop.call_later(max(0.0, due - time.monotonic()) + 0.001, self._on_timer)
 
     def _on_timer(self) -> None:
         self._timer, self._timer_at = None, math.inf

@@ -94,3 +94,35 @@ def test_sharing_never_passes_capacity_under_random_traffic() -> None:
         assert sum(adm.in_flight(i) for i in range(3)) == 0
 
     asyncio.run(run())
+
+
+def test_a_queue_wait_is_on_the_request_records_clock_under_uvloop() -> None:
+    """The gateway times a request on ``time.monotonic`` (TTFT, the backend's part) and subtracts the queue wait
+    to get its own part; so the wait must be on that clock too, bracketed by readings taken just before the
+    request queued and just after it got its slot. uvloop's ``loop.time()`` counts whole milliseconds, and a
+    wait read on it fell outside such brackets by up to a millisecond (CI saw a negative remainder)."""
+    import time
+
+    import uvloop
+
+    async def run() -> list[str]:
+        adm = LocalAdmission(tenants((1, 0)))
+        misses = []
+        for i in range(40):
+            held = await adm.acquire(0)
+            before = time.monotonic()
+            waiter = asyncio.ensure_future(adm.acquire(0))
+            await asyncio.sleep(0)  # queued now
+            queued = time.monotonic()
+            await asyncio.sleep(0.0003 * (i % 7))  # waits of a fraction of a millisecond and more
+            released = time.monotonic()
+            adm.release(held)
+            lease = await waiter
+            after = time.monotonic()
+            # it queued after `before` and was handed its slot at the release, after `released` began
+            if not (released - queued <= lease.waited_s <= after - before):
+                misses.append(f"{lease.waited_s:.6f} not in [{released - queued:.6f}, {after - before:.6f}]")
+            adm.release(lease)
+        return misses
+
+    assert uvloop.run(run()) == []

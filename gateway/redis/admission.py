@@ -58,6 +58,7 @@ import contextlib
 import itertools
 import logging
 import os
+import time
 import uuid
 from collections import deque
 from collections.abc import Sequence
@@ -267,7 +268,7 @@ class RedisAdmission(TenantSlots):
         q = self.queues[tenant]
         if len(q) >= self.max_queue[tenant]:
             raise self._full(tenant)
-        w = _Waiter(self._loop.create_future(), self._loop.time())
+        w = _Waiter(self._loop.create_future(), time.monotonic())
         q.append(w)
         self._kick[tenant].set()
         try:
@@ -287,7 +288,7 @@ class RedisAdmission(TenantSlots):
                 q.remove(w)
             raise self._expired(tenant)
         lease = w.fut.result()
-        lease.waited_s = self._loop.time() - w.since
+        lease.waited_s = time.monotonic() - w.since  # the request record's clock (gateway/local_admission.py)
         return lease
 
     async def _try(self, t: int, fresh: bool = False) -> RedisLease | None:
@@ -339,7 +340,7 @@ class RedisAdmission(TenantSlots):
     def _grant(self, t: int, lid: str) -> RedisLease:
         self.local[t] += 1
         self.admitted[t] += 1
-        return RedisLease(t, self._loop.time(), 0.0, id=lid)
+        return RedisLease(t, time.monotonic(), 0.0, id=lid)
 
     def _fallback(self, t: int, fresh: bool) -> RedisLease | None:
         if self.cfg.failure_mode == "closed":
@@ -360,7 +361,7 @@ class RedisAdmission(TenantSlots):
         self._drop_live(t, lid)
 
     def release(self, lease: Lease) -> None:
-        if not self._first_release(lease, self._loop.time()):
+        if not self._first_release(lease, time.monotonic()):
             return
         t = lease.tenant
         self.local[t] -= 1
