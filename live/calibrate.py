@@ -8,7 +8,9 @@ prefix cache never serves it):
   request's own overhead (HTTP, tokenising, scheduling), which the fit estimates separately;
 * **decode** — B requests sent together, prompts of C tokens, ``ignore_eos``: once every prompt is in, each
   step decodes B tokens reading the B contexts; the time between a stream's tokens in the middle half of
-  its answer is that step's duration (N = S = B, K = the contexts' sum at that point).
+  the steps where all B decode together (after the last first token, before the first last one) is that
+  step's duration (N = S = B, K = the contexts' sum at that point). A batch whose requests went in too far
+  apart for that (a busy client machine) is sent again.
 
 The per-point medians are fitted with :func:`admit.engine.calibration.fit_measured`. The output JSON holds
 the server's version, the samples, the fit, and each sample's error; the `cpu-smollm2` preset's
@@ -139,7 +141,30 @@ def prefill_sample(backend: Backend, tokens: int, reps: int) -> tuple[StepSample
     return sample, ttfts
 
 
-def decode_sample(backend: Backend, batch: int, context: int, tokens: int) -> tuple[StepSample, dict[str, Any]]:
+MIN_WINDOW_STEPS = 8  # a decode sample needs at least this many tokens per stream while all B decode together
+DECODE_TRIES = 3  # a batch whose streams overlap too little (a loaded client started them apart) is sent again
+
+
+def decode_window(runs: list[dict[str, Any]]) -> tuple[list[float], float] | None:
+    """The steps in which every stream of one batch decodes: after the last first token (every prompt is in)
+    and up to the first stream's last token (none has finished). Per stream, the mean time between its tokens
+    in the middle half of that window, and the contexts' sum at its middle; None when the window holds fewer
+    than `MIN_WINDOW_STEPS` tokens of some stream (its prompts went in too far apart to time a B-wide step)."""
+    start = max(r["times"][0] for r in runs)
+    end = min(r["times"][-1] for r in runs)
+    gaps, kv = [], 0.0
+    for r in runs:
+        inside = [i for i, t in enumerate(r["times"]) if start < t <= end]
+        if len(inside) < 2 * MIN_WINDOW_STEPS:
+            return None
+        lo, hi = inside[len(inside) // 4], inside[(3 * len(inside)) // 4]
+        gaps.append((r["times"][hi] - r["times"][lo]) / (hi - lo))
+        kv += r["prompt_tokens"] + (lo + hi) / 2
+    return gaps, kv
+
+
+def send_batch(backend: Backend, batch: int, context: int, tokens: int) -> list[dict[str, Any]]:
+    """``batch`` streamed requests released together (a barrier); each one's timings."""
     results: list[dict[str, Any] | BaseException] = [RuntimeError("not run")] * batch
     start = threading.Barrier(batch)
 
@@ -160,14 +185,18 @@ def decode_sample(backend: Backend, batch: int, context: int, tokens: int) -> tu
         raise RuntimeError(f"decode batch {batch}: {next(r for r in results if not isinstance(r, dict))}")
     if any(len(r["times"]) != tokens for r in runs):
         raise RuntimeError("the server merged tokens into fewer stream events; cannot time its steps")
-    lo, hi = tokens // 4, (3 * tokens) // 4
-    # every stream's middle half lies after the last prompt went in (all first tokens are out by then)
-    if max(r["times"][0] for r in runs) > min(r["times"][lo] for r in runs):
-        raise RuntimeError(f"decode batch {batch}: a prompt was still being computed in the middle of an answer")
-    gaps = [(r["times"][hi] - r["times"][lo]) / (hi - lo) for r in runs]
-    mid = (lo + hi) / 2
-    kv = sum(r["prompt_tokens"] + mid for r in runs)
-    return StepSample("decode", batch, batch, kv, 0.0, statistics.median(gaps)), {"per_request_s": gaps}
+    return runs
+
+
+def decode_sample(backend: Backend, batch: int, context: int, tokens: int) -> tuple[StepSample, dict[str, Any]]:
+    for _ in range(DECODE_TRIES):
+        got = decode_window(send_batch(backend, batch, context, tokens))
+        if got is not None:
+            gaps, kv = got
+            return StepSample("decode", batch, batch, kv, 0.0, statistics.median(gaps)), {"per_request_s": gaps}
+    raise RuntimeError(f"decode batch {batch}: in {DECODE_TRIES} tries its {batch} requests never decoded together "
+                       f"for {2 * MIN_WINDOW_STEPS} tokens (their prompts went in too far apart: is this machine or "
+                       "the server busy with other work?)")
 
 
 def calibrate(url: str, model: str | None = None, reps: int = 3, quick: bool = False, echo: Any = print,
