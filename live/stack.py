@@ -101,7 +101,10 @@ class Stack:
 
     def spawn(self, name: str, args: Sequence[str], env: dict[str, str] | None = None,
               program: str | None = None) -> subprocess.Popen[bytes]:
-        """``python ARGS`` (or ``program ARGS``) in a new process group, stdout and stderr to ``<name>.log``."""
+        """``python ARGS`` (or ``program ARGS``) in a new process group, stdout and stderr to ``<name>.log``. The
+        group lets `stop` end the part's workers with it; it stays in this session, so that Linux's autogroup
+        scheduler weighs it with the command that started the stack (a new session would give each part a
+        whole session's CPU share, whatever the caller's priority)."""
         if name in self.procs and self.procs[name].poll() is None:
             raise StackError(f"{name} is already running")
         self._spawning = True
@@ -110,7 +113,7 @@ class Stack:
                 proc = subprocess.Popen(
                     [program or sys.executable, *args], stdout=fh, stderr=subprocess.STDOUT,
                     stdin=subprocess.DEVNULL, env={**os.environ, ADMIN_ENV: self.admin_token, **(env or {})},
-                    start_new_session=True,
+                    process_group=0,  # not a new session: see spawn's docstring
                 )
             self.procs[name] = proc
             with (self.workdir / "pids.txt").open("a") as fh:  # for whoever checks that nothing was left behind

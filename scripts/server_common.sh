@@ -26,11 +26,16 @@ run_beside_server() { # URL_VAR CMD [ARGS...]: start SERVER_CMD, wait for /healt
   local var=$1 log status
   shift
   log=$(mktemp -t admit-server.XXXXXX.log)
-  # its own process group (vLLM runs an API server, an engine core and a worker): stopping it stops them all
-  setsid "${SERVER_CMD[@]}" >"$log" 2>&1 &
+  # its own process group (vLLM runs an API server, an engine core and a worker): stopping it stops them all.
+  # Not its own session (setsid): Linux's autogroup scheduler weighs each session as one, so a server in a new
+  # session escapes the priority of the command beside it. With the tests' session at a low priority (its
+  # autogroup at nice 19), vLLM's busy threads, alone in a session at full weight, left the gateway the tests
+  # start runnable but waiting for a CPU for minutes: what failed CI's real-vLLM tests (~1 s of CPU in 138 s).
+  "$PY" -c 'import os, sys; os.setpgid(0, 0); os.execvp(sys.argv[1], sys.argv[1:])' "${SERVER_CMD[@]}" >"$log" 2>&1 &
   SERVER_PID=$!
   SERVER_LOG=$log
-  trap 'kill -- -"$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null; rm -f "$SERVER_LOG"' EXIT
+  # the server's own exit status (143 when SIGTERM ends it) must not replace CMD's: set -e stays on in the trap
+  trap 'kill -- -"$SERVER_PID" 2>/dev/null; wait "$SERVER_PID" 2>/dev/null || true; rm -f "$SERVER_LOG"' EXIT
   wait_healthy "$SERVER_PID" "$log"
   echo "$(basename "$0" .sh): up at $URL ($var)" >&2
   set +e

@@ -111,3 +111,35 @@ def test_sigterm_while_a_child_starts_still_stops_it(tmp_path: Path, monkeypatch
     assert len(started) == 1
     assert _pids(tmp_path) == {"sleeper": started[0]}
     assert _all_gone({"sleeper": started[0]}) == []
+
+
+def test_a_part_runs_in_its_own_group_in_this_session(tmp_path: Path) -> None:
+    """A part is a process group (stop ends the workers it started with it) in the session of the command that
+    started the stack: a new session would be weighed by Linux's autogroup scheduler as one whole session,
+    whatever the caller's priority."""
+    from admit.live.stack import Stack
+
+    code = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)']);"
+            " time.sleep(600)")
+    with Stack(tmp_path) as st:
+        part = st.spawn("parent", ["-c", code])
+        assert os.getpgid(part.pid) == part.pid
+        assert os.getsid(part.pid) == os.getsid(0)
+        # its worker, once started, is in its group
+        def group() -> list[int]:
+            pids = [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+            out = []
+            for pid in pids:
+                try:
+                    if os.getpgid(pid) == part.pid:
+                        out.append(pid)
+                except ProcessLookupError:
+                    pass
+            return out
+        deadline = time.monotonic() + 60
+        while len(group()) < 2:
+            assert time.monotonic() < deadline, "the part's worker did not start"
+            time.sleep(0.05)
+        members = group()
+        st.stop("parent")
+    assert _all_gone({str(p): p for p in members}) == []
