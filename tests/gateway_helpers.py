@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import os
 import resource
@@ -422,3 +423,85 @@ def tenant_cfg(name: str, **kw: Any) -> dict[str, Any]:
 
 def key(name: str) -> str:
     return f"sk-{name}-secret-key"
+
+
+class Watch:
+    """A thread of this process that samples, every ``every`` s while a test waits on a server: the machine's
+    CPU time (/proc/stat: idle, iowait, steal), its major page faults and pressure stall totals, and one
+    process's main thread (`schedstat`). `report` says, for a failure message, whether a stall was the
+    machine's (this thread woke late too: the VM paused or lost its CPUs) or the process's own (it waited for a
+    CPU, or slept), and in which second it was worst. Best effort: what cannot be read is left out."""
+
+    def __init__(self, pid: int, every: float = 0.25) -> None:
+        self.pid, self.every = pid, every
+        self.samples: list[tuple[float, list[int], int, dict[str, int], tuple[int, int, float] | None]] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="watch", daemon=True)
+
+    def __enter__(self) -> Watch:
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        self._sample()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.every):
+            self._sample()
+
+    def _sample(self) -> None:
+        cpu, faults, stalls = [], 0, {}
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            cpu = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:9]]
+        with contextlib.suppress(OSError, ValueError):
+            for line in Path("/proc/vmstat").read_text().splitlines():
+                if line.startswith("pgmajfault "):
+                    faults = int(line.split()[1])
+        for kind in ("cpu", "memory", "io"):
+            with contextlib.suppress(OSError, ValueError, IndexError):
+                some = Path(f"/proc/pressure/{kind}").read_text().split("\n", 1)[0]
+                stalls[kind] = int(some.rsplit("total=", 1)[1])
+        self.samples.append((time.monotonic(), cpu, faults, stalls, schedstat(self.pid)))
+
+    def report(self) -> str:
+        s = list(self.samples)
+        if len(s) < 2:
+            return "the watch took fewer than two samples"
+        span = s[-1][0] - s[0][0]
+        gaps = [(b[0] - a[0], a[0] - s[0][0]) for a, b in itertools.pairwise(s)]
+        gap, at = max(gaps)
+        hz = os.sysconf("SC_CLK_TCK")
+        lines = [f"the watch over {span:.1f} s ({len(s)} samples, one every {self.every:g} s): its own longest wait "
+                 f"between samples {gap:.2f} s, from {at:.1f} s on"
+                 + (" (this process stalled too: the machine, not only the server)" if gap > 10 * self.every else "")]
+        if s[0][1] and s[-1][1]:
+            d = [(b - a) / hz for a, b in zip(s[0][1], s[-1][1], strict=False)]
+            lines.append(f"CPU seconds, all cores: user {d[0]:.1f}, system {d[2]:.1f}, idle {d[3]:.1f}, "
+                         f"iowait {d[4]:.1f}, steal {d[7]:.1f}")
+        lines.append(f"major page faults {s[-1][2] - s[0][2]}; pressure stall (some) seconds: " + ", ".join(
+            f"{k} {(s[-1][3][k] - s[0][3].get(k, s[-1][3][k])) / 1e6:.1f}" for k in s[-1][3]))
+        runs = [(x[0], x[4]) for x in s if x[4] is not None]
+        if len(runs) >= 2:
+            first, last = runs[0][1], runs[-1][1]
+            assert first is not None and last is not None
+            lines.append(f"process {self.pid}'s main thread: {sched_verdict(first, last)}")
+            # its worst second: the least it ran over any window of about a second
+            worst: tuple[float, float, float, float] | None = None
+            j = 0
+            for i in range(len(runs)):
+                while j < len(runs) and runs[j][0] - runs[i][0] < 1.0:
+                    j += 1
+                if j >= len(runs):
+                    break
+                a, b = runs[i][1], runs[j][1]
+                assert a is not None and b is not None
+                ran, waited, w = (b[0] - a[0]) / 1e9, (b[1] - a[1]) / 1e9, b[2] - a[2]
+                if worst is None or ran / w < worst[0] / worst[2]:
+                    worst = (ran, waited, w, runs[i][0] - s[0][0])
+            if worst is not None:
+                lines.append(f"its worst window: from {worst[3]:.1f} s, {worst[2]:.1f} s long, it ran {worst[0]:.3f} s "
+                             f"and waited for a CPU {worst[1]:.3f} s")
+        return "\n".join(lines)

@@ -25,15 +25,16 @@ import sys
 import threading
 import time
 import urllib.request
-from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlsplit
 
 import openai
 import pytest
 from admit.gateway.telemetry import parse_engine_metrics
-from gateway_helpers import ADMIN_TOKEN, GatewayProcess, key, tenant_cfg, wait_for
+from gateway_helpers import ADMIN_TOKEN, GatewayProcess, Watch, key, tenant_cfg, wait_for
 from prometheus_client.parser import text_string_to_metric_families
 
 URL = os.environ.get("ADMIT_VLLM_URL", "").rstrip("/")
@@ -167,27 +168,54 @@ def _most_at_engine(gw: GatewayProcess, tenant: str, n: int, limit: int) -> tupl
         return got
 
     most = queued = 0
-    with ThreadPoolExecutor(n) as pool:
+    slowest = {"vLLM /metrics": 0.0, "gateway /admin/state": 0.0}
+
+    def timed(what: str, call: Callable[[], Any]) -> Any:
+        t = time.monotonic()
+        try:
+            return call()
+        finally:
+            slowest[what] = max(slowest[what], time.monotonic() - t)
+
+    with ThreadPoolExecutor(n) as pool, Watch(gw.proc.pid) as watch:
         futures = [pool.submit(one, i) for i in range(n)]
         try:
             deadline = time.monotonic() + TIMEOUT_S
             extra = 10  # scrapes after the limit was reached: it must not be passed either
             while extra > 0:
-                assert time.monotonic() < deadline, f"vLLM never ran {limit} of {tenant}'s requests ({most} seen)"
+                if time.monotonic() >= deadline:
+                    raise AssertionError(_never(gw, tenant, limit, n, most, queued, futures, slowest, watch))
                 for f in futures:
                     if f.done() and f.exception() is not None:
                         raise AssertionError(f"a held request of {tenant} failed: {f.exception()!r}")
-                most = max(most, int(unfinished()))
-                queued = max(queued, gw.state()["tenants"][tenant]["queue_depth"])
+                most = max(most, int(timed("vLLM /metrics", unfinished)))
+                queued = max(queued, timed("gateway /admin/state", gw.state)["tenants"][tenant]["queue_depth"])
                 if most >= limit and queued >= n - limit:
                     extra -= 1
-                time.sleep(0.02)  # a scrape interval
+                time.sleep(0.05)  # a scrape interval
         finally:
             # once streams close, the gateway frees a slot as soon as it sees the client leave, a moment before
             # vLLM drops the aborted request: later scrapes may see limit + 1 briefly, so none is counted
             stop.set()
         assert all(f.result() >= 1 for f in futures)
     return most, queued
+
+
+def _never(gw: GatewayProcess, tenant: str, limit: int, n: int, most: int, queued: int, futures: list[Future[int]],
+           slowest: dict[str, float], watch: Watch) -> str:
+    """The failure message of `_most_at_engine` when its deadline passed: what each side saw, and (last, where a
+    truncated log still shows it) whether the gateway, or the whole machine, stalled meanwhile."""
+    try:
+        now = gw.state()["tenants"][tenant]
+    except AssertionError as e:
+        now = {"error": str(e)[:200]}
+    log = [(r["outcome"], r["status"]) for r in gw.request_log() if r["tenant"] == tenant][-n:]
+    return (f"within {TIMEOUT_S:g} s vLLM was never seen running {limit} of {tenant}'s requests with the gateway "
+            f"queueing the other {n - limit} (most at vLLM {most}, most queued {queued}); the {n} requests: "
+            f"{sum(f.done() for f in futures)} done, {[repr(f.exception()) for f in futures if f.done()]}; the "
+            f"gateway's {tenant} now {now}; its last log lines {log}; the slowest reading of each: "
+            + ", ".join(f"{k} {v:.2f} s" for k, v in slowest.items())
+            + f"\n{gw.stacks()}\n{watch.report()}")
 
 
 def test_the_tenant_limit_holds_at_the_engine(gw: GatewayProcess) -> None:
