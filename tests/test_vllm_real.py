@@ -361,3 +361,20 @@ def test_admit_control_moves_limits_that_hold_at_the_engine(gw: GatewayProcess, 
     # the limit the policy set is the one vLLM sees
     most, queued = _most_at_engine(gw, "ctl", 4, limit=1)
     assert most == 1 and queued == 3
+
+
+def test_the_gateway_cpu_share_benchmark_reads_the_gateway_beside_decoding_vllm() -> None:
+    """benchmarks/gateway_cpu_share.py (docs/BENCHMARKS.md): one held request decodes in vLLM, three wait in its
+    gateway, and each line reports the gateway's CPU over about a second."""
+    idle()
+    out = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "gateway_cpu_share.py"),
+                          "--seconds", "2"], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    header, *rows = out.stdout.splitlines()
+    assert header.split() == ["span_s", "gateway_ran_s", "gateway_waited_for_cpu_s", "queued"]
+    cols = [line.split() for line in rows]
+    assert len(cols) == 2 and all(float(span) >= 1.0 and float(ran) > 0 for span, ran, _, _ in cols), rows
+    # at most the three beyond the limit of 1 wait in the gateway (how many have arrived by a reading is the
+    # machine's speed, which test_the_tenant_limit_holds_at_the_engine waits out)
+    assert all(0 <= int(q) <= 3 for *_, q in cols), rows
+    idle()  # the held requests were let go: vLLM aborts them
