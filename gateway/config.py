@@ -31,6 +31,7 @@ from __future__ import annotations
 import hashlib
 import math
 import os
+import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -62,10 +63,43 @@ TOKENS_PER_S = (1e-3, 1e9)
 REQUEST_BURST_MAX = 1_000_000
 LIMIT_MAX = 1_000_000  # a tenant's concurrency limit, queue and borrow (also what the admin API accepts)
 TOKEN_BURST_MAX = 1_000_000_000
+# configuration versions (the gateway's and each tenant's): well inside a Lua number's exact integers, so that
+# Redis's scripts count them exactly too
+VERSION_MAX = 10**15 - 1
+# an envelope's target: "*" or a model name as the OpenAI API and vLLM use them (meta-llama/Llama-3-8B,
+# ft:gpt-4o:org:id, llama3.1:8b, a local path); no whitespace, no control character, nothing that would need
+# escaping in a log line or a URL
+ENVELOPE_TARGET_CHARS = "letters, digits and . _ - : / @ + = ~"
+_TARGET = re.compile(r"[A-Za-z0-9._:/@+=~-]+")
+
+
+def check_count(v: Any, what: str, high: int = LIMIT_MAX) -> int:
+    """``v`` when it is an integer between 0 and ``high`` (a limit, a borrow, a version), else ValueError saying
+    what ``what`` must be. Numbers only: no bool, no float (not even 2.0), no string. The one check of such a
+    value wherever it comes from: the admin API, the state file (gateway/state.py), Redis (``parse_count``)."""
+    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= high:
+        raise ValueError(f"{what} must be an integer between 0 and {high}, got {_shown(v)}")
+    return v
+
+
+def parse_count(raw: str, what: str, high: int = LIMIT_MAX) -> int:
+    """``check_count`` for a value stored as text (Redis): decimal digits only, so "nan", "1e400", "-3", "2.5"
+    and "abc" are refused (ValueError), never turned into a number."""
+    if not (0 < len(raw) <= 16 and raw.isascii() and raw.isdigit()):
+        raise ValueError(f"{what} must be an integer between 0 and {high}, got {_shown(raw)}")
+    return check_count(int(raw), what, high)
+
+
+def _shown(v: Any) -> str:
+    """A value as an error message quotes it: repr (control characters escaped), at most 100 characters."""
+    text = repr(v)
+    return text if len(text) <= 100 else text[:97] + "..."
 
 
 class EnvelopeConfig(_Strict):
-    """A rate envelope of one tenant towards one target (a model name, or ``*`` for every model).
+    """A rate envelope of one tenant towards one target (a model name, or ``*`` for every model). The target
+    is checked here for every source alike (the configuration file, the admin API, Redis): ``*`` or
+    ENVELOPE_TARGET_CHARS only.
 
     Requests and tokens are each limited by a GCRA bucket: ``*_per_s`` is the sustained rate and
     ``*_burst`` how many units may be spent at once. Leave a pair out to not limit that unit.
@@ -78,6 +112,14 @@ class EnvelopeConfig(_Strict):
     tokens_per_s: float | None = Field(default=None, ge=TOKENS_PER_S[0], le=TOKENS_PER_S[1], strict=True)
     token_burst: int | None = Field(default=None, ge=1, le=TOKEN_BURST_MAX, strict=True)
     alert_below: float = Field(default=0.2, ge=0, le=1, strict=True)
+
+    @field_validator("target")
+    @classmethod
+    def _target(cls, v: str) -> str:
+        if v != ENVELOPE_TARGET_ANY and not _TARGET.fullmatch(v):
+            raise ValueError(f"a target is \"*\" or a model name of {ENVELOPE_TARGET_CHARS} (at most 256), "
+                             f"got {_shown(v)}")
+        return v
 
     @model_validator(mode="after")
     def _pairs(self) -> EnvelopeConfig:
