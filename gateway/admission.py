@@ -3,8 +3,16 @@
 A backend hands out concurrency *leases*: ``await acquire(tenant)`` returns a `Lease` when the request may
 go to the backend (at once or after waiting in the tenant's FIFO queue) or raises `Deferred` with a
 machine-readable reason and a retry-after estimate; ``release(lease)`` gives the slot back exactly once.
-Limits are changed through ``set_limit`` at any time (the admin API and the control loop call it).
-Cancellation of the awaiting task (the client went away) must leave no slot behind.
+Limits are changed through ``set_limit`` at any time; the admin API (and the control loop through it) calls
+``write_limits``, a compare-and-set that numbers each change (``version``, ``versions``: below). Cancellation
+of the awaiting task (the client went away) must leave no slot behind.
+
+**Versions.** Every change made through the admin API gets the next *configuration version* (a batch of
+limits is one change, one version), and every tenant it touches the next version of that tenant's own
+sequence. In process they are counted here (and kept in the state file, gateway/state.py); with Redis they
+are counted in Redis by the script that makes the change, one sequence for all replicas, and a replica takes
+a value read from Redis only when its tenant version is at least the one the replica knows, so a read that
+was on its way while a newer write landed never undoes it (gateway/redis/admission.py).
 """
 
 from __future__ import annotations
@@ -23,6 +31,37 @@ TTL_EXPIRED = "ttl-expired"
 ENVELOPE_EMPTY = "envelope-empty"
 ADMISSION_UNAVAILABLE = "admission-unavailable"  # the shared state (Redis) is unreachable and we fail closed
 REASONS = (QUEUE_FULL, TTL_EXPIRED, ENVELOPE_EMPTY, ADMISSION_UNAVAILABLE)
+
+
+class WriteFailed(Exception):
+    """An admin change that could not be stored where it must be (Redis): nothing was applied on this replica.
+    The admin API answers ``status`` with ``reason`` and ``detail``."""
+
+    def __init__(self, status: int, reason: str, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.reason = reason
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Change:
+    """One tenant's value changed by an admin call: what it was (None: nothing was stored), what it is, and the
+    tenant version the change got."""
+
+    tenant: int
+    old: Any
+    new: Any
+    tenant_version: int
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """What an admin write did: the configuration version after it (the change's own when ``changes`` is not
+    empty) and the values it changed; none when every value was already in force."""
+
+    version: int
+    changes: list[Change]
 
 
 class Deferred(Exception):
@@ -46,6 +85,8 @@ class Lease:
 
 class AdmissionBackend(Protocol):
     n_tenants: int
+    version: int  # the configuration version (module docstring)
+    versions: list[int]  # per tenant: that tenant's version
 
     async def acquire(self, tenant: int) -> Lease: ...
 
@@ -56,6 +97,17 @@ class AdmissionBackend(Protocol):
         ...
 
     def limit(self, tenant: int) -> int: ...
+
+    async def write_limits(self, limits: Sequence[tuple[int, int]]) -> Written:
+        """Set ``(tenant, limit)`` pairs as one change: compare each with the limit in force (in Redis, with
+        Redis's) and set those that differ under one new configuration version; raises WriteFailed when the
+        change cannot be stored."""
+        ...
+
+    def next_version(self, tenants: Sequence[int]) -> int:
+        """A change made in process (borrow, envelopes without Redis): the next configuration version, and the
+        next version of each of ``tenants``."""
+        ...
 
     def snapshot(self) -> dict[str, Any]:
         """Per-tenant state for the admin API and metrics: limits, in flight, queue depth, counters."""
@@ -84,9 +136,28 @@ class TenantSlots:
         self.queue_full = [0] * self.n_tenants
         self.ttl_expired = [0] * self.n_tenants
         self.cancelled = [0] * self.n_tenants
+        self.version = 0
+        self.versions = [0] * self.n_tenants
 
     def limit(self, tenant: int) -> int:
         return self.nominal[tenant]
+
+    def set_limit(self, tenant: int, limit: int) -> int:
+        raise NotImplementedError
+
+    def next_version(self, tenants: Sequence[int]) -> int:
+        self.version += 1
+        for t in tenants:
+            self.versions[t] += 1
+        return self.version
+
+    async def write_limits(self, limits: Sequence[tuple[int, int]]) -> Written:
+        """In process: compared with the nominal limits, set at once (nothing awaits in between)."""
+        changed = [(t, v) for t, v in limits if self.nominal[t] != v]
+        if not changed:
+            return Written(self.version, [])
+        version = self.next_version([t for t, _ in changed])
+        return Written(version, [Change(t, self.set_limit(t, v), v, self.versions[t]) for t, v in changed])
 
     def _set_nominal(self, tenant: int, limit: int) -> int:
         """Check and store a new nominal limit; returns the previous one."""

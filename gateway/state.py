@@ -6,9 +6,11 @@ configuration file and forget them. With ``state_file`` set, every change the ad
 file (a temporary file renamed over it: a crash leaves the old state or the new one, never half of either),
 and start-up applies what it holds over the configuration.
 
-What it keeps: per tenant the nominal limit, the borrow and the full list of envelope *configs*, plus the
-configuration version. What it does not: bucket levels (a restarted gateway's envelopes start full, as
-after a configuration change that adds them), queues and requests in flight (they died with the process).
+What it keeps: per tenant the nominal limit, the borrow, the full list of envelope *configs* and the tenant's
+version, plus the configuration version (gateway/admission.py; a file written before tenant versions were
+kept still loads, its tenants at version 0). What it does not: bucket levels (a restarted gateway's
+envelopes start full, as after a configuration change that adds them), queues and requests in flight (they
+died with the process).
 A tenant the file names that the configuration no longer has is skipped with a warning; a tenant the file
 does not name keeps its configured values. A file that cannot be read or does not have this shape stops
 start-up with an error naming the file and the key: deleting it is the explicit way to start afresh.
@@ -27,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from admit.gateway.config import LIMIT_MAX, ConfigError, EnvelopeConfig
+from admit.gateway.config import LIMIT_MAX, VERSION_MAX, ConfigError, EnvelopeConfig, check_count
 from pydantic import ValidationError
 
 FORMAT = 1
@@ -39,28 +41,24 @@ class SavedState:
     limits: dict[str, int] = field(default_factory=dict)
     borrow: dict[str, int] = field(default_factory=dict)
     envelopes: dict[str, list[EnvelopeConfig]] = field(default_factory=dict)
+    tenant_versions: dict[str, int] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
             "format": FORMAT,
             "version": self.version,
+            "tenant_versions": self.tenant_versions,
             "limits": self.limits,
             "borrow": self.borrow,
             "envelopes": {t: [e.model_dump() for e in envs] for t, envs in self.envelopes.items()},
         }
 
 
-def _count(where: str, v: Any) -> int:
-    if not isinstance(v, int) or isinstance(v, bool) or not 0 <= v <= LIMIT_MAX:
-        raise ValueError(f"{where}: expected an integer between 0 and {LIMIT_MAX}, got {v!r}")
-    return v
-
-
-def _counts(data: dict[str, Any], key: str) -> dict[str, int]:
+def _counts(data: dict[str, Any], key: str, high: int = LIMIT_MAX) -> dict[str, int]:
     got = data.get(key, {})
     if not isinstance(got, dict):
         raise ValueError(f"{key}: expected an object of tenant name -> integer")
-    return {str(t): _count(f"{key}.{t}", v) for t, v in got.items()}
+    return {str(t): check_count(v, f"{key}.{t}", high) for t, v in got.items()}
 
 
 def load_state(path: Path) -> SavedState | None:
@@ -71,8 +69,9 @@ def load_state(path: Path) -> SavedState | None:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict) or data.get("format") != FORMAT:
             raise ValueError(f"not a gateway state file of format {FORMAT} (a JSON object with \"format\": {FORMAT})")
-        state = SavedState(version=_count("version", data.get("version", 0)), limits=_counts(data, "limits"),
-                           borrow=_counts(data, "borrow"))
+        state = SavedState(version=check_count(data.get("version", 0), "version", VERSION_MAX),
+                           limits=_counts(data, "limits"), borrow=_counts(data, "borrow"),
+                           tenant_versions=_counts(data, "tenant_versions", VERSION_MAX))
         envs = data.get("envelopes", {})
         if not isinstance(envs, dict):
             raise ValueError("envelopes: expected an object of tenant name -> list of envelopes")

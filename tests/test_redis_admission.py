@@ -171,7 +171,8 @@ def test_set_envelope_keeps_the_debt_in_units(rs: RedisServer) -> None:
             rates = [cfg.requests_per_s or 0, cfg.request_burst_or_default if cfg.requests_per_s else 0,
                      cfg.tokens_per_s or 0, cfg.token_burst_or_default if cfg.tokens_per_s else 0]
             value = json.dumps(cfg.model_dump(), sort_keys=True, separators=(",", ":"))
-            await setenv(keys=[cfg_key, req, tok, backoff], args=[field, value, *rates])
+            versions = ["admit:tenant_versions", "admit:version"]  # the change is numbered there
+            await setenv(keys=[cfg_key, req, tok, backoff, *versions], args=[field, value, *rates, field[0], 0, 0])
 
         async def spend(key: str, rate: float, burst: int, qty: float) -> None:
             got = await gcra(keys=[key], args=["spend", 1, rate, burst, qty])

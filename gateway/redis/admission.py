@@ -11,6 +11,23 @@ limit. A request with rate envelopes takes its first try in the same script as i
 A replica renews the leases of its running requests every ``lease_ttl_s / 3``; a replica that
 crashes stops renewing and its slots come back ``lease_ttl_s`` later.
 
+**Limits and admin writes.** The limits live in one hash (``<prefix>:limits``), seeded from a replica's
+file only where a tenant has none. A change through the admin API is one script (WRITE_LIMITS,
+gateway/redis/scripts.py) that compares each limit with the one *Redis* holds, sets those that differ and
+numbers the change in Redis (the configuration version ``<prefix>:version``, one per change; each tenant's
+version in ``<prefix>:tenant_versions``), so the last write wins whichever replica made it, a write equal to
+what Redis holds changes nothing, and all replicas number versions in one sequence. The admin API awaits it
+and answers (and audits) with Redis's old value and version; while Redis is unreachable it refuses the change
+(``WriteFailed``, 503) rather than apply what may never win. Every other replica takes the change at its next
+refresh (READ, every ``max(poll_s, 0.2)`` s), and takes a tenant's values only when their version is at
+least the one it knows: a read that was on its way while a newer write landed never undoes that write.
+
+**Values read from Redis are checked** like admin input (gateway/config.py ``parse_count``): a limit or version
+that is not an integer in its range ("nan", "1e400", "-3", "2.5", "abc") is refused, the tenant keeps its last
+good value, and the refusal is counted (``bad_values`` in /admin/state's redis section,
+``admit_gateway_redis_bad_values_total{kind}``) and logged once per (key, value). ACQUIRE never uses such a
+limit either: it uses the replica's last good one, which it passes anyway as the seed, and says so.
+
 **Queueing** is per replica: each replica keeps the tenant's FIFO queue (``max_queue``, ``queue_timeout_s``)
 for its own clients, and the head of that queue retries when a slot of this replica frees, when a limit
 changes, and every ``poll_s`` (a slot freed by another replica). Fairness across replicas is therefore
@@ -66,9 +83,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
-from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred, Lease, TenantSlots
-from admit.gateway.config import RedisConfig, TenantConfig
-from admit.gateway.redis.scripts import ACQUIRE, READ, RELEASE, RENEW, SET_LIMIT
+from admit.gateway.admission import ADMISSION_UNAVAILABLE, Change, Deferred, Lease, TenantSlots, WriteFailed, Written
+from admit.gateway.config import LIMIT_MAX, VERSION_MAX, RedisConfig, TenantConfig, parse_count
+from admit.gateway.redis.scripts import ACQUIRE, READ, RELEASE, RENEW, WRITE_LIMITS
 from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import (
@@ -130,6 +147,8 @@ class RedisStats:
     releases_retried: int = 0  # releases that failed and were sent again after Redis returned
     script_errors: int = 0  # calls that Redis answered with a script error (not outages; module docstring)
     script_errors_by: dict[str, int] = field(default_factory=dict)  # per script (or command)
+    bad_values: int = 0  # values read from Redis that failed their check (module docstring), each time read
+    bad_values_by: dict[str, int] = field(default_factory=dict)  # per kind: limit, version, envelope
     fail_open_admitted: list[int] = field(default_factory=list)  # per tenant
     fail_closed_deferred: list[int] = field(default_factory=list)  # per tenant
 
@@ -174,6 +193,8 @@ class RedisAdmission(TenantSlots):
         p = cfg.prefix
         self._zkeys = [f"{p}:leases:{name}" for name in self.names]
         self._limits_key = f"{p}:limits"
+        self.versions_key = f"{p}:tenant_versions"  # tenant -> its version (module docstring)
+        self.version_key = f"{p}:version"  # the configuration version
         self.r = aioredis.Redis.from_url(
             cfg.url, socket_timeout=cfg.timeout_s, socket_connect_timeout=cfg.timeout_s,
             retry=Retry(NoBackoff(), 0), retry_on_timeout=False, decode_responses=True,
@@ -181,13 +202,14 @@ class RedisAdmission(TenantSlots):
         self._acquire = self.r.register_script(ACQUIRE)
         self._release = self.r.register_script(RELEASE)
         self._renew = self.r.register_script(RENEW)
-        self._set_limit = self.r.register_script(SET_LIMIT)
+        self._write_limits = self.r.register_script(WRITE_LIMITS)
         self._read = self.r.register_script(READ)
         self._kick = [asyncio.Event() for _ in tenants]
         self._tasks: list[asyncio.Task[None]] = []
         self._bg: set[asyncio.Task[Any]] = set()
         self.attached: list[Attached] = []  # refreshed with the leases, recovered before they count as up
         self._logged: set[tuple[str, str]] = set()  # (script, message) of the script errors logged so far
+        self._bad_logged: set[tuple[str, str]] = set()  # (where, value) of the bad values logged so far
 
     # ----------------------------------------------------------------- lifecycle
     async def start(self) -> None:
@@ -245,6 +267,48 @@ class RedisAdmission(TenantSlots):
             return True
         self.mark_down(exc)
         return False
+
+    def write_failed(self, exc: BaseException, script: str) -> WriteFailed:
+        """An admin write whose script failed (``failed`` has counted it): 500 for a script error, else 503."""
+        if self.failed(exc, script):
+            return WriteFailed(500, ADMISSION_ERROR, f"the change failed in Redis ({script}: {exc}); nothing was "
+                               "applied")
+        return WriteFailed(503, ADMISSION_UNAVAILABLE, "Redis did not answer: nothing was applied on this "
+                           "replica (if Redis stored the change before it stopped answering, every replica takes "
+                           "it at its next refresh); send it again when Redis is back: the same change again "
+                           "changes nothing")
+
+    def unavailable(self) -> WriteFailed:
+        """An admin write while Redis is known to be unreachable: refused at once."""
+        return WriteFailed(503, ADMISSION_UNAVAILABLE, "Redis is unreachable: nothing was applied (a change that "
+                           "cannot be stored in Redis cannot win on every replica); send it again when Redis is "
+                           "back")
+
+    def bad_value(self, kind: str, where: str, raw: str, why: str) -> None:
+        """A value read from Redis at ``where`` (key and field) that failed its check: refused (the replica keeps
+        its last good value), counted, and logged once per (where, value)."""
+        s = self.stats
+        s.bad_values += 1
+        s.bad_values_by[kind] = s.bad_values_by.get(kind, 0) + 1
+        key = (where, raw[:100])
+        if key not in self._bad_logged and len(self._bad_logged) < _LOGGED_MAX:
+            self._bad_logged.add(key)
+            log.warning("redis holds a bad %s at %r (%s): refused, the last good value stays (counted; logged "
+                        "once per value)", kind, where, why)
+
+    def checked(self, raw: str, kind: str, where: str) -> int | None:
+        """A limit or version (``kind``) read from Redis as text: the number, or None when it is not one (then
+        refused, counted and logged: ``bad_value``)."""
+        try:
+            return parse_count(raw, kind, LIMIT_MAX if kind == "limit" else VERSION_MAX)
+        except ValueError as exc:
+            self.bad_value(kind, where, raw, str(exc))
+            return None
+
+    def refused(self, bad: Sequence[str]) -> None:
+        """The values a write script refused, ``[kind, where, value, ...]``: counted and logged here."""
+        for i in range(0, len(bad) - 2, 3):
+            self.checked(bad[i + 2], bad[i], bad[i + 1])
 
     def admission_error(self, t: int, fresh: bool, what: str) -> RedisLease | None:
         """The failure mode's answer to one request whose script failed: closed raises AdmissionError (500),
@@ -326,13 +390,13 @@ class RedisAdmission(TenantSlots):
         return [self._zkeys[t], self._limits_key], [self.names[t], lid, self._ttl_ms, self.nominal[t]]
 
     def acquired(self, t: int, lid: str, got: Sequence[Any]) -> RedisLease | None:
-        """Apply ACQUIRE's answer ``{granted, holders, limit, expired}``: the lease, or None (no slot free)."""
-        granted, holders, limit, expired = (int(x) for x in got)
-        self.stats.leases_expired += expired
-        self.shared[t] = holders
-        if t not in self.dirty_limits:
-            self.nominal[t] = limit
-        if not granted:
+        """Apply ACQUIRE's answer ``{granted, holders, limit used, expired[, refused]}``: the lease, or None (no
+        slot free). The limit it used is not taken as this replica's: READ brings it with its version."""
+        self.stats.leases_expired += int(got[3])
+        self.shared[t] = int(got[1])
+        if len(got) > 4:  # the stored limit is not one: the script used this replica's (module docstring)
+            self.checked(got[4], "limit", f"{self._limits_key} {self.names[t]}")
+        if not int(got[0]):
             self.live.pop(lid, None)
             return None
         return self._grant(t, lid)
@@ -424,6 +488,8 @@ class RedisAdmission(TenantSlots):
 
     # ----------------------------------------------------------------- limits
     def set_limit(self, tenant: int, limit: int) -> int:
+        """Set a limit here at once and write it to Redis in the background (kept and written again while Redis
+        is down). The admin API does not use this: it awaits ``write_limits``."""
         old = self._set_nominal(tenant, limit)
         self.dirty_limits.add(tenant)
         self._spawn(self._push_limit(tenant))
@@ -431,16 +497,66 @@ class RedisAdmission(TenantSlots):
         return old
 
     async def _push_limit(self, t: int) -> None:
+        if t not in self.dirty_limits:
+            return  # an admin write of this tenant came first
         value = self.nominal[t]
         try:
-            await self._set_limit(keys=[self._limits_key], args=[self.names[t], value])
+            written, tvs = await self._write(((t, value),))
         except _ERRORS as exc:
             # stays dirty (in force here): written again when Redis is back, or with the next change
-            self.failed(exc, "SET_LIMIT", f"tenant {self.names[t]}")
+            self.failed(exc, "WRITE_LIMITS", f"tenant {self.names[t]}")
             return
         if self.nominal[t] == value:
             self.dirty_limits.discard(t)
+            self.take_limit(t, value, tvs[0])
         self._kick[t].set()
+
+    async def write_limits(self, limits: Sequence[tuple[int, int]]) -> Written:
+        """The admin API's write: compare-and-set in Redis, one script call (module docstring). Taken here at
+        once; raises WriteFailed (nothing applied here) when Redis does not answer or the script fails."""
+        if not self.up:
+            raise self.unavailable()
+        try:
+            written, tvs = await self._write(limits)
+        except _ERRORS as exc:
+            raise self.write_failed(exc, "WRITE_LIMITS") from None
+        for (t, v), tv in zip(limits, tvs, strict=True):
+            self.dirty_limits.discard(t)  # Redis holds this write's value now, whatever this replica had
+            self.take_limit(t, v, tv)
+        return written
+
+    async def _write(self, limits: Sequence[tuple[int, int]]) -> tuple[Written, list[int]]:
+        """WRITE_LIMITS for ``(tenant, limit)`` pairs: what it changed, and each tenant's version after it."""
+        args: list[Any] = [self.version]
+        for t, v in limits:
+            args += [self.names[t], v, self.versions[t]]
+        got = await self._write_limits(keys=[self._limits_key, self.versions_key, self.version_key], args=args)
+        self.refused(got[-1])
+        version = int(got[0])  # numbers the script wrote itself
+        self.take_version(version)
+        changes, tvs = [], []
+        for (t, v), (changed, old, tv) in zip(limits, got[1:-1], strict=True):
+            tvs.append(int(tv))
+            if int(changed):
+                changes.append(Change(t, int(old) if old else None, v, int(tv)))
+        return Written(version, changes), tvs
+
+    def take_limit(self, t: int, limit: int, tv: int) -> None:
+        """A limit Redis holds at tenant version ``tv`` (read, or just written): taken unless this replica knows
+        a newer version of the tenant (the read was on its way while a newer write landed) or has a change of
+        its own not yet written (``dirty_limits``)."""
+        if tv < self.versions[t] or t in self.dirty_limits:
+            return
+        self.versions[t] = tv
+        if limit != self.nominal[t]:
+            self.nominal[t] = limit
+            self._kick[t].set()
+
+    def take_version(self, version: int) -> None:
+        """The configuration version Redis holds: versions only grow (a stale read, or a server that lost its
+        data, never takes this replica's back)."""
+        if version > self.version:
+            self.version = version
 
     # ----------------------------------------------------------------- upkeep
     async def _maintain(self) -> None:
@@ -510,35 +626,45 @@ class RedisAdmission(TenantSlots):
             self.stats.leases_restored += int(added)
 
     async def _refresh(self) -> None:
-        """Read every tenant's shared holders and limit, in one call; after a script error, one call per
-        tenant, so that one tenant's broken key leaves the others' view fresh."""
+        """Read every tenant's shared holders, limit and version, in one call; after a script error, one call
+        per tenant, so that one tenant's broken key leaves the others' view fresh."""
+        shared_keys = [self._limits_key, self.versions_key, self.version_key]
         try:
-            got = await self._read(keys=[*self._zkeys, self._limits_key], args=self.names)
+            got = await self._read(keys=[*self._zkeys, *shared_keys], args=self.names)
         except ResponseError as exc:
             if not is_script_error(exc):
                 raise
             self.script_error("READ", exc)
             for t in range(self.n_tenants):
                 try:
-                    one = await self._read(keys=[self._zkeys[t], self._limits_key], args=[self.names[t]])
+                    one = await self._read(keys=[self._zkeys[t], *shared_keys], args=[self.names[t]])
                 except ResponseError as exc_t:
                     if not is_script_error(exc_t):
                         raise
                     self.script_error("READ", exc_t, f"tenant {self.names[t]}")
                     continue
-                self._apply_read([t], [int(x) for x in one])
+                self._apply_read([t], one)
             return
-        self._apply_read(range(self.n_tenants), [int(x) for x in got])
+        self._apply_read(range(self.n_tenants), got)
 
-    def _apply_read(self, tenants: Sequence[int], vals: list[int]) -> None:
-        """READ's answer ``{expired dropped, holders, limit, ...}`` for ``tenants``, in that order."""
-        self.stats.leases_expired += vals[0]
+    def _apply_read(self, tenants: Sequence[int], got: Sequence[Any]) -> None:
+        """READ's answer ``{expired dropped, configuration version, then per tenant: holders, limit, tenant
+        version}`` for ``tenants``, in that order; stored values come as text and are checked here."""
+        self.stats.leases_expired += int(got[0])
+        if got[1]:
+            version = self.checked(got[1], "version", self.version_key)
+            if version is not None:
+                self.take_version(version)
         for i, t in enumerate(tenants):
-            self.shared[t] = vals[1 + 2 * i]
-            lim = vals[2 + 2 * i]
-            if lim >= 0 and t not in self.dirty_limits and lim != self.nominal[t]:
-                self.nominal[t] = lim
-                self._kick[t].set()
+            holders, raw_limit, raw_tv = got[2 + 3 * i : 5 + 3 * i]
+            self.shared[t] = int(holders)
+            name = self.names[t]
+            tv = self.checked(raw_tv, "version", f"{self.versions_key} {name}") if raw_tv else 0
+            if not raw_limit:
+                continue  # none stored (a server that lost its data): ACQUIRE seeds this replica's
+            limit = self.checked(raw_limit, "limit", f"{self._limits_key} {name}")
+            if tv is not None and limit is not None:
+                self.take_limit(t, limit, tv)
 
     # ----------------------------------------------------------------- state
     def _queue_len(self, tenant: int) -> int:
@@ -587,6 +713,8 @@ class RedisAdmission(TenantSlots):
                 "releases_retried": s.releases_retried,
                 "script_errors": s.script_errors,
                 "script_errors_by_script": dict(s.script_errors_by),
+                "bad_values": s.bad_values,
+                "bad_values_by_kind": dict(s.bad_values_by),
                 "pending_releases": len(self.pending_release),
                 "leases_held": len(self.live),
                 **{k: v for other in self.attached for k, v in other.stats().items()},

@@ -15,9 +15,15 @@ the admin API and ``/metrics`` show the shared remaining budget and backoff, nev
 
 **Envelope configs** live in one Redis hash (``<prefix>:envelopes``, field ``tenant/target``, value the
 config as JSON, ``null`` once removed). A replica seeds it from its file only where a field is missing, so
-a restarted replica never undoes a change made through the admin API; a change on any replica is written
-there and every other replica takes it at its next refresh. A change that cannot be written (Redis down)
-applies here at once and is written when Redis answers again.
+a restarted replica never undoes a change made through the admin API. The admin API's change (``write``) is
+one compare-and-set script (SET_ENVELOPE): the same config as stored changes nothing, a different one is
+written and numbered with the configuration and tenant versions, as limits are (gateway/redis/admission.py);
+while Redis is unreachable it is refused (WriteFailed, 503) and nothing is applied. Every other replica takes
+it at its next refresh, which reads the configs and the tenant versions in one transaction and takes a
+tenant's configs only when their version is at least the one the replica knows. A config read from Redis
+that is not a valid one (``EnvelopeConfig``, its target included) is refused, counted and logged once, and
+the envelope keeps its last good config. (``configure``/``remove`` called directly, not through the admin
+API, write in the background and keep a change Redis did not take to write it again when Redis answers.)
 
 **When Redis is unreachable** the envelopes follow the leases' ``failure_mode``:
 
@@ -50,7 +56,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any
 
-from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred, Lease
+from admit.gateway.admission import ADMISSION_UNAVAILABLE, Change, Deferred, Lease, Written
 from admit.gateway.config import EnvelopeConfig, RedisConfig
 from admit.gateway.envelopes import AlertHook, Charge, Deferral, Envelope, EnvelopeBook
 from admit.gateway.redis.admission import AdmissionError, RedisAdmission, is_script_error
@@ -133,37 +139,64 @@ class SharedEnvelopeBook(EnvelopeBook):
 
     async def refresh(self) -> None:
         """Seed missing configs, take other replicas' changes, and read the shared budget of every bucket."""
-        assert self._adm is not None
-        r = self._adm.r
-        stored: dict[str, str] = await r.hgetall(self._cfg_key)  # type: ignore[assignment]  # decode_responses
+        adm = self._adm
+        assert adm is not None
+        r = adm.r
+        async with r.pipeline(transaction=True) as pipe:  # the configs and their versions as of one moment
+            pipe.hgetall(self._cfg_key)
+            pipe.hgetall(adm.versions_key)
+            stored, tvs = await pipe.execute()
         for field, cfg in self._fields().items():
             if field not in stored and field not in self._dirty:  # a fresh server (or one that lost its data)
                 await r.hsetnx(self._cfg_key, field, _json(cfg))
                 stored[field] = str(await r.hget(self._cfg_key, field) or _json(cfg))
+        index = {name: t for t, name in enumerate(adm.names)}
         for field, value in stored.items():
-            if field not in self._dirty and self._seen.get(field) != value:
+            if field in self._dirty or self._seen.get(field) == value:
+                continue
+            tenant, _, target = field.partition("/")
+            t = index.get(tenant)
+            if t is None:  # a tenant of another replica's configuration: not ours to enforce
+                self._seen[field] = value
+                continue
+            raw = tvs.get(tenant)
+            tv = adm.checked(raw, "version", f"{adm.versions_key} {tenant}") if raw else 0
+            if tv is not None and tv >= adm.versions[t]:  # else refused, or older than a write this replica knows
                 self._take(field, value)
         await self._read_buckets()
 
     def _take(self, field: str, value: str) -> None:
+        """A config another replica wrote (or Redis's, at start-up), checked like admin input."""
         tenant, _, target = field.partition("/")
-        self._seen[field] = value
-        known = self._adm is not None and tenant in self._adm.names
-        if not known:
-            return  # a tenant of another replica's configuration: not ours to enforce
         if value == "null":
+            self._seen[field] = value
             if super().remove(tenant, target) is not None:
                 self.configs_applied += 1
             return
-        try:
-            cfg = EnvelopeConfig.model_validate({**json.loads(value), "target": target})
-        except (ValueError, ValidationError) as exc:
-            log.warning("envelope %s in Redis is not a valid config, ignored: %s", field, exc)
-            return
+        cfg = self._parsed(field, value)
+        if cfg is None:
+            return  # not taken (nor marked seen): refused and counted at every refresh until it is fixed
+        self._seen[field] = value
         envs = self._by_tenant.get(tenant, {})
         if target not in envs or envs[target].cfg != cfg:
             super().configure(tenant, cfg, self._clock())
             self.configs_applied += 1
+
+    def _parsed(self, field: str, value: str) -> EnvelopeConfig | None:
+        """The config stored in ``field``, or None when it is not a valid one (refused, counted, logged once)."""
+        target = field.partition("/")[2]
+        try:
+            data = json.loads(value)
+            if not isinstance(data, dict):
+                raise ValueError("not a JSON object")
+            return EnvelopeConfig.model_validate({**data, "target": target})
+        except ValidationError as err:
+            why = "; ".join(f"{'.'.join(map(str, e['loc'])) or 'envelope'}: {e['msg']}" for e in err.errors())
+        except ValueError as exc:  # JSONDecodeError is one
+            why = str(exc)
+        assert self._adm is not None
+        self._adm.bad_value("envelope", f"{self._cfg_key} {field}", value, f"not a valid config: {why}")
+        return None
 
     async def _read_buckets(self) -> None:
         """Read every envelope's shared buckets and backoff, in one call; after a script error, one call per
@@ -227,25 +260,14 @@ class SharedEnvelopeBook(EnvelopeBook):
         self._spawn(self._push(field))
 
     async def _push(self, field: str, raise_errors: bool = False) -> None:
+        """Write a change made by ``configure``/``remove`` (not the admin API's: ``write``) in the background."""
         adm = self._adm
         assert adm is not None
-        cfg = self._dirty.get(field)
-        tenant, _, target = field.partition("/")
-        rates: list[float | int] = [0, 0, 0, 0]
-        if cfg is not None:
-            if cfg.requests_per_s is not None:
-                rates[0:2] = [cfg.requests_per_s, cfg.request_burst_or_default]
-            if cfg.tokens_per_s is not None:
-                rates[2:4] = [cfg.tokens_per_s, cfg.token_burst_or_default]
-        keys = [
-            self._cfg_key,
-            self._bucket_key(tenant, target, "requests"),
-            self._bucket_key(tenant, target, "tokens"),
-            self._backoff_key(tenant, target),
-        ]
-        value = _json(cfg)
+        if field not in self._dirty:
+            return  # an admin write of this envelope came first
+        cfg = self._dirty[field]
         try:
-            await self._set(keys=keys, args=[field, value, *rates])
+            _, _, tv = await self._store(field, cfg)
         except adm.ERRORS as exc:
             if is_script_error(exc):  # not written again (it would fail again): the next refresh takes Redis's
                 adm.script_error("SET_ENVELOPE", exc, f"envelope {field}")
@@ -259,7 +281,70 @@ class SharedEnvelopeBook(EnvelopeBook):
             return
         if field in self._dirty and self._dirty[field] is cfg:
             del self._dirty[field]
-            self._seen[field] = value or "null"
+            self._seen[field] = _json(cfg) or "null"
+            tenant = field.partition("/")[0]
+            if tenant in adm.names:
+                t = adm.names.index(tenant)
+                adm.versions[t] = max(adm.versions[t], tv)
+
+    async def write(self, t: int, target: str, cfg: EnvelopeConfig | None) -> Written:
+        """The admin API's change of tenant ``t``'s envelope for ``target`` (``cfg`` None: remove it):
+        compare-and-set in Redis (SET_ENVELOPE), then taken here at once. ``changes`` is empty when Redis held
+        that config already (or, for a removal, none). Raises WriteFailed when it cannot be stored: nothing
+        is applied then."""
+        adm = self._adm
+        assert adm is not None, "attach() first"
+        if not adm.up:
+            raise adm.unavailable()
+        tenant = adm.names[t]
+        field = f"{tenant}/{target}"
+        try:
+            old, version, tv = await self._store(field, cfg)
+        except adm.ERRORS as exc:
+            raise adm.write_failed(exc, "SET_ENVELOPE") from None
+        value = _json(cfg) or "null"
+        self._dirty.pop(field, None)  # Redis holds this write's value now, whatever this replica had pending
+        if tv >= adm.versions[t]:  # else a newer change of this tenant is in force here already
+            adm.versions[t] = tv
+            self._seen[field] = value
+            if cfg is None:
+                super().remove(tenant, target)
+            else:
+                envs = self._by_tenant.get(tenant, {})
+                if target not in envs or envs[target].cfg != cfg:
+                    super().configure(tenant, cfg, self._clock())
+        if old is None:
+            return Written(version, [])
+        prev = None if old in ("", "null") else self._parsed(field, old)
+        return Written(version, [Change(t, prev, cfg, tv)])
+
+    async def _store(self, field: str, cfg: EnvelopeConfig | None) -> tuple[str | None, int, int]:
+        """SET_ENVELOPE for ``field``: the JSON Redis held before (None when the script changed nothing), and
+        the configuration and tenant versions after it. Raises what Redis raises."""
+        adm = self._adm
+        assert adm is not None
+        tenant, _, target = field.partition("/")
+        t = adm.names.index(tenant) if tenant in adm.names else None
+        rates: list[float | int] = [0, 0, 0, 0]
+        if cfg is not None:
+            if cfg.requests_per_s is not None:
+                rates[0:2] = [cfg.requests_per_s, cfg.request_burst_or_default]
+            if cfg.tokens_per_s is not None:
+                rates[2:4] = [cfg.tokens_per_s, cfg.token_burst_or_default]
+        keys = [
+            self._cfg_key,
+            self._bucket_key(tenant, target, "requests"),
+            self._bucket_key(tenant, target, "tokens"),
+            self._backoff_key(tenant, target),
+            adm.versions_key,
+            adm.version_key,
+        ]
+        known = 0 if t is None else adm.versions[t]
+        got = await self._set(keys=keys, args=[field, _json(cfg), *rates, tenant, adm.version, known])
+        adm.refused(got[4])
+        version = int(got[2])  # numbers the script wrote itself
+        adm.take_version(version)
+        return (str(got[1]) if int(got[0]) else None), version, int(got[3])
 
     # ----------------------------------------------------------------- charges
     async def charge_shared(self, tenant: str, target: str, tokens: int) -> Charge | Deferral:

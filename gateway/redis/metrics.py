@@ -1,5 +1,6 @@
 """Prometheus view of the Redis admission backend: reachability, fail-open/closed decisions, lease upkeep,
-script errors (per script; they are not outages, gateway/redis/admission.py)."""
+script errors (per script; they are not outages, gateway/redis/admission.py) and values read from Redis that
+were refused (per kind: limit, version, envelope)."""
 
 from __future__ import annotations
 
@@ -45,3 +46,9 @@ class RedisCollector(Collector):
         for script, n in sorted(s.script_errors_by.items()):
             se.add_metric([script], float(n))
         yield se
+        bad = CounterMetricFamily(PREFIX + "redis_bad_values",
+                                  "values read from Redis that failed their check and were refused (the last "
+                                  "good value stays)", labels=["kind"])
+        for kind, n in sorted(s.bad_values_by.items()):
+            bad.add_metric([kind], float(n))
+        yield bad

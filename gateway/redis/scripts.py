@@ -8,8 +8,20 @@ scripts by their effects, which is what allows ``TIME`` before a write.
 **Leases.** A tenant's leases are one sorted set: member = lease id (``replica:n``), score = expiry in
 server milliseconds. Every script first drops expired members, so the slots of a crashed replica come back
 ``lease_ttl`` after its last renewal. The tenant's limit lives in one hash shared by all replicas; a
-replica passes its own idea of the limit only as the value to seed when the hash has none (a fresh or
-restarted server).
+replica passes its own idea of the limit (its last good one) as the value to seed when the hash has none (a
+fresh or restarted server), and as the value to use when the hash holds one that is not a limit.
+
+**Stored values are checked, never coerced.** Lua's ``tonumber`` takes "nan", "1e400" or "2.5", and Redis
+turns a NaN it returns into -9223372036854775808; so a limit or a version is used only when it is decimal
+digits within its range (``count``, the same rule as gateway/config.py ``parse_count``). READ returns the
+stored text as it is and the replica checks it; the scripts that must decide (ACQUIRE, the writes) refuse a
+bad value, use the caller's last good one instead, and report what they refused.
+
+**Admin writes** (WRITE_LIMITS, SET_ENVELOPE) are compare-and-set: each value is compared with the one
+stored, only those that differ are written, and the same script numbers the change: the configuration
+version (one key, one per change: a batch is one) and the version of each tenant changed (one hash), one
+sequence for all replicas. Every read comes before the first write, so a script that fails on a key of the
+wrong type has changed nothing.
 
 **GCRA.** The arithmetic of gateway/gcra.py, line for line, on TATs kept in server microseconds: with
 ``T = 1e6 / rate`` and ``tau = max(T * burst, qty * T)``, ``new_tat = max(tat, now) + qty * T`` is allowed
@@ -26,6 +38,8 @@ was granted. It is built from the same Lua functions as ``GCRA`` and ``ACQUIRE``
 
 from __future__ import annotations
 
+from admit.gateway.config import LIMIT_MAX, VERSION_MAX
+
 # The scripts below are put together from these pieces, so that each algorithm is written once: CHARGE_ACQUIRE
 # runs the same GCRA and lease code as GCRA and ACQUIRE do on their own.
 
@@ -36,28 +50,78 @@ local now_ms = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
 local now_us = tonumber(t[1]) * 1e6 + tonumber(t[2])
 """
 
-# acquire(leases zset, limits hash, tenant, lease id, ttl ms, limit to seed when none is stored, now ms)
-# returns {granted 0|1, holders after the decision, limit, expired leases dropped}.
+# count(raw, max): a limit or version stored as text, as a number; nil when it is not decimal digits within
+# max.
+_COUNT_FN = f"""
+local LIMIT_MAX, VERSION_MAX = {LIMIT_MAX}, {VERSION_MAX}
+""" + """
+local function count(raw, max)
+  if type(raw) ~= 'string' or #raw == 0 or #raw > 16 or string.find(raw, '%D') then
+    return nil
+  end
+  local v = tonumber(raw)
+  if v > max then
+    return nil
+  end
+  return v
+end
+"""
+
+# For the writes. stored(raw, max, kind, where): count() of a value that may be missing (false: nil too),
+# noting a refused one in `bad` as {kind, where, the value (100 characters at most)} for the caller to count
+# and log. fmt(n): an integer as Redis should store it (never "1e+15").
+_STORED_FN = _COUNT_FN + """
+local bad = {}
+local function stored(raw, max, kind, where)
+  if not raw then
+    return nil
+  end
+  local v = count(raw, max)
+  if v == nil then
+    bad[#bad + 1] = kind
+    bad[#bad + 1] = where
+    bad[#bad + 1] = string.sub(raw, 1, 100)
+  end
+  return v
+end
+local function fmt(n)
+  return string.format('%d', n)
+end
+"""
+
+# acquire(leases zset, limits hash, tenant, lease id, ttl ms, the caller's limit, now ms) returns {granted 0|1,
+# holders after the decision, limit used, expired leases dropped[, the stored limit refused]}. The caller's
+# limit (its last good one) is seeded when none is stored, and used when the stored one is not a limit
+# (count()); that one is left as it is (an operator's to fix, or the next admin write's) and reported as a
+# fifth element. The stored limit is usually the caller's own: then it needs no check (the request path's
+# cost stays what it was).
 _ACQUIRE_FN = """
 local function acquire(zset, limits, tenant, lid, ttl, seed, now)
   local dropped = redis.call('ZREMRANGEBYSCORE', zset, '-inf', now)
-  local limit = tonumber(redis.call('HGET', limits, tenant))
-  if limit == nil then
-    limit = tonumber(seed)
-    redis.call('HSET', limits, tenant, limit)
+  local raw = redis.call('HGET', limits, tenant)
+  local limit, refused = tonumber(seed), nil
+  if not raw then
+    redis.call('HSET', limits, tenant, seed)
+  elseif raw ~= seed then
+    local stored = count(raw, LIMIT_MAX)
+    if stored == nil then
+      refused = string.sub(raw, 1, 100)
+    else
+      limit = stored
+    end
   end
   local n = redis.call('ZCARD', zset)
   if n < limit then
     redis.call('ZADD', zset, now + tonumber(ttl), lid)
-    return {1, n + 1, limit, dropped}
+    return {1, n + 1, limit, dropped, refused}
   end
-  return {0, n, limit, dropped}
+  return {0, n, limit, dropped, refused}
 end
 """
 
-# KEYS: leases zset, limits hash. ARGV: tenant, lease id, ttl ms, limit to seed when none is stored.
+# KEYS: leases zset, limits hash. ARGV: tenant, lease id, ttl ms, the caller's limit (seed and fallback).
 # Returns acquire()'s answer.
-ACQUIRE = _CLOCK + _ACQUIRE_FN + """
+ACQUIRE = _CLOCK + _COUNT_FN + _ACQUIRE_FN + """
 return acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], now_ms)
 """
 
@@ -80,23 +144,56 @@ end
 return added
 """
 
-# KEYS: limits hash. ARGV: tenant, limit. Returns the previous limit (or -1).
-SET_LIMIT = """
-local old = tonumber(redis.call('HGET', KEYS[1], ARGV[1])) or -1
-redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
-return old
+# The admin API's write of limits: compare-and-set (module docstring), one call per admin call.
+# KEYS: limits hash, tenant versions hash, configuration version key. ARGV: the caller's configuration
+# version, then per tenant: name, limit, the caller's version of that tenant. A stored version below the
+# caller's (a server that lost its data) continues from the caller's, so no version is ever numbered twice; a
+# stored value that is not a count is refused (reported) and counts as different from any limit.
+# Returns {configuration version, per tenant {changed 0|1, old limit ('' if none), tenant version},
+#          the refused values {kind, where, value, ...}}.
+WRITE_LIMITS = _STORED_FN + """
+local version = math.max(stored(redis.call('GET', KEYS[3]), VERSION_MAX, 'version', KEYS[3]) or 0,
+                         tonumber(ARGV[1]))
+local rows, any = {}, false
+for i = 2, #ARGV, 3 do
+  local tenant, new = ARGV[i], tonumber(ARGV[i + 1])
+  local old = stored(redis.call('HGET', KEYS[1], tenant), LIMIT_MAX, 'limit', KEYS[1] .. ' ' .. tenant)
+  local tv = stored(redis.call('HGET', KEYS[2], tenant), VERSION_MAX, 'version', KEYS[2] .. ' ' .. tenant)
+  rows[#rows + 1] = {tenant = tenant, new = new, old = old, tv = math.max(tv or 0, tonumber(ARGV[i + 2])),
+                     changed = old ~= new}
+  any = any or old ~= new
+end
+if any then
+  version = version + 1
+  redis.call('SET', KEYS[3], fmt(version))
+end
+local out = {fmt(version)}
+for _, row in ipairs(rows) do
+  if row.changed then
+    row.tv = row.tv + 1
+    redis.call('HSET', KEYS[1], row.tenant, fmt(row.new))
+    redis.call('HSET', KEYS[2], row.tenant, fmt(row.tv))
+  end
+  out[#out + 1] = {row.changed and 1 or 0, row.old and fmt(row.old) or '', fmt(row.tv)}
+end
+out[#out + 1] = bad
+return out
 """
 
-# KEYS: leases zsets of every tenant..., then the limits hash. ARGV: tenant names in the same order.
-# Returns {expired dropped in all, holders_1, limit_1 (or -1), holders_2, limit_2, ...}.
+# KEYS: leases zsets of every tenant..., then the limits hash, the tenant versions hash, the configuration
+# version key. ARGV: tenant names in the same order. Returns {expired dropped in all, configuration version,
+# then per tenant: holders, limit, tenant version}, every stored value as the text Redis holds ('' if none):
+# the replica checks them (module docstring).
 READ = """
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-local out = {0}
-for i = 1, #ARGV do
+local n = #ARGV
+local out = {0, redis.call('GET', KEYS[n + 3]) or ''}
+for i = 1, n do
   out[1] = out[1] + redis.call('ZREMRANGEBYSCORE', KEYS[i], '-inf', now)
   out[#out + 1] = redis.call('ZCARD', KEYS[i])
-  out[#out + 1] = tonumber(redis.call('HGET', KEYS[#KEYS], ARGV[i])) or -1
+  out[#out + 1] = redis.call('HGET', KEYS[n + 1], ARGV[i]) or ''
+  out[#out + 1] = redis.call('HGET', KEYS[n + 2], ARGV[i]) or ''
 end
 return out
 """
@@ -122,7 +219,10 @@ local function gcra(keys, argv, now)
     local burst = tonumber(argv[3 * i + 1])
     local qty = tonumber(argv[3 * i + 2])
     local v = redis.call('GET', keys[i])
-    local tat = v and tonumber(v) or now
+    local tat = v and tonumber(v)
+    if not tat or tat ~= tat or math.abs(tat) == math.huge then
+      tat = now  -- no bucket (full); or one that is not a finite number ("nan", "1e400"), read as full too
+    end
     tats[i] = tat
     local T = 1e6 / rate
     if mode == 'refund' or (mode == 'force' and qty < 0) then
@@ -172,7 +272,7 @@ return gcra(KEYS, ARGV, now_us)
 # server clock. An envelope that defers takes no lease, as when the scripts ran one after the other.
 # KEYS: leases zset, limits hash, then gcra()'s keys. ARGV: ACQUIRE's four, then gcra()'s argv.
 # Returns {gcra()'s answer, acquire()'s answer or {} when the charge deferred}.
-CHARGE_ACQUIRE = _CLOCK + _ACQUIRE_FN + _GCRA_FN + """
+CHARGE_ACQUIRE = _CLOCK + _COUNT_FN + _ACQUIRE_FN + _GCRA_FN + """
 local gkeys, gargv = {}, {}
 for i = 3, #KEYS do gkeys[#gkeys + 1] = KEYS[i] end
 for i = 5, #ARGV do gargv[#gargv + 1] = ARGV[i] end
@@ -183,22 +283,48 @@ end
 return {charged, acquire(KEYS[1], KEYS[2], ARGV[1], ARGV[2], ARGV[3], ARGV[4], now_ms)}
 """
 
-# KEYS: envelope config hash, requests bucket, tokens bucket, backoff key. ARGV: field (tenant/target), the
-# config as JSON ("" = remove the envelope), then rate and burst of the requests and the tokens bucket (0 =
-# the envelope has no such bucket). A new config keeps each bucket's debt in units, capped to one new burst
+# The admin API's write of one envelope: compare-and-set (module docstring).
+# KEYS: envelope config hash, requests bucket, tokens bucket, backoff key, tenant versions hash, configuration
+# version key. ARGV: field (tenant/target), the config as JSON ("" = remove the envelope), rate and burst of
+# the requests and the tokens bucket (0 = the envelope has no such bucket), then the tenant, the caller's
+# configuration version and the caller's version of that tenant (as WRITE_LIMITS). The same JSON as stored
+# (every replica writes it the same way: sorted keys, no spaces), or a removal of an envelope that is not
+# there, changes nothing. A new config keeps each bucket's debt in units, capped to one new burst
 # (gcra.py's reconfigure: debt = ahead * old rate, tat = now + min(debt, burst) / rate), so a raise applies
 # at once and a cut never leaves more than its burst; the old rates (and bursts, for "unchanged") are read
 # from the old config JSON. A bucket whose old rate is unknown (no old config, "null", or one without that
 # unit) keeps its debt in time, capped to one new burst, as before. A bucket the config drops, and a removed
 # envelope's state, are deleted, so an envelope added again starts full, as in process. A removal is kept
-# as "null" so that a restarted replica does not seed it again from its file. Returns the previous JSON
-# ("" if none).
-SET_ENVELOPE = """
+# as "null" so that a restarted replica does not seed it again from its file.
+# Returns {changed 0|1, the previous JSON ("" if none), configuration version, tenant version, the refused
+#          values {kind, where, value, ...}}.
+SET_ENVELOPE = _STORED_FN + """
 local old = redis.call('HGET', KEYS[1], ARGV[1]) or ''
-if ARGV[2] == '' then
+local version = math.max(stored(redis.call('GET', KEYS[6]), VERSION_MAX, 'version', KEYS[6]) or 0,
+                         tonumber(ARGV[8]))
+local tv = math.max(stored(redis.call('HGET', KEYS[5], ARGV[7]), VERSION_MAX, 'version',
+                           KEYS[5] .. ' ' .. ARGV[7]) or 0, tonumber(ARGV[9]))
+local removing = ARGV[2] == ''
+if ARGV[2] == old or (removing and (old == '' or old == 'null')) then
+  return {0, old, fmt(version), fmt(tv), bad}
+end
+local tats = {}  -- read before any write (module docstring); nil: no bucket (full), or not a finite number
+for i = 1, 2 do
+  local v = redis.call('GET', KEYS[i + 1])
+  local tat = v and tonumber(v)
+  if tat and tat == tat and math.abs(tat) ~= math.huge then
+    tats[i] = tat
+  end
+end
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1e6 + tonumber(t[2])
+version, tv = version + 1, tv + 1
+redis.call('SET', KEYS[6], fmt(version))
+redis.call('HSET', KEYS[5], ARGV[7], fmt(tv))
+if removing then
   redis.call('HSET', KEYS[1], ARGV[1], 'null')
   redis.call('DEL', KEYS[2], KEYS[3], KEYS[4])
-  return old
+  return {1, old, fmt(version), fmt(tv), bad}
 end
 redis.call('HSET', KEYS[1], ARGV[1], ARGV[2])
 local prev = nil
@@ -209,16 +335,13 @@ if old ~= '' and old ~= 'null' then
   end
 end
 local names = {{'requests_per_s', 'request_burst'}, {'tokens_per_s', 'token_burst'}}
-local t = redis.call('TIME')
-local now = tonumber(t[1]) * 1e6 + tonumber(t[2])
 for i = 1, 2 do
   local rate = tonumber(ARGV[2 * i + 1])
   local burst = tonumber(ARGV[2 * i + 2])
   if rate <= 0 then
     redis.call('DEL', KEYS[i + 1])
   else
-    local v = redis.call('GET', KEYS[i + 1])
-    local tat = v and tonumber(v) or nil  -- nil: no bucket (full), or a value that is not a number
+    local tat = tats[i]
     local orate = prev and tonumber(prev[names[i][1]])
     local write = tat ~= nil
     if write and orate and orate > 0 then
@@ -234,5 +357,5 @@ for i = 1, 2 do
     end
   end
 end
-return old
+return {1, old, fmt(version), fmt(tv), bad}
 """
