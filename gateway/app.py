@@ -18,10 +18,15 @@ name no tenant (401s, 404s) are rate-limited (``unauthenticated_log_per_s``); wh
 Below the app, gateway/guard.py bounds every connection (head size, head and body deadlines, idle time,
 count); its answers reach ``on_connection_event``, which counts and logs them like the app's own.
 
-A request's token envelopes are charged up front with an estimate (prompt + ``max_tokens`` x ``n``, see
-gateway/body.py) and settled with the backend's real usage when it ends (``EnvelopeBook.settle``), so a
-request without ``max_tokens`` cannot spend more than its envelope for long: the difference is charged
-(or given back) at once.
+**Token envelopes charge what the backend delivers.** A request is charged up front the most the backend
+may produce for it (the prompt and the output limit the backend honours, per choice, or the backend's
+context when the body names none: gateway/body.py), so it can only start when the envelope has room for
+all of it. When it ends, however it ends, the charge is settled (``EnvelopeBook.settle``) to what the
+backend delivered: its ``usage`` when it sent one, else the stream's token events the gateway received,
+those not yet passed on to a client that left included (gateway/answers.py). A request that never reached
+the backend (``no-backend``, ``backend-busy``) is refunded. The backend's context length is the
+configuration's ``max_model_len``, else what its ``GET /v1/models`` reports, asked at start-up and until it
+answers.
 """
 
 from __future__ import annotations
@@ -30,10 +35,8 @@ import asyncio
 import contextlib
 import hashlib
 import hmac
-import json
 import logging
 import math
-import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -43,6 +46,17 @@ from typing import TYPE_CHECKING, Any
 from admit.core.telemetry import TenantTokens
 from admit.gateway.admin import AdminApi
 from admit.gateway.admission import ENVELOPE_EMPTY, AdmissionBackend, Deferred, Lease
+from admit.gateway.answers import (
+    ERROR_EVENT,
+    STREAM_END,
+    USAGE_KEY,
+    StreamTokens,
+    body_usage,
+    context_tokens,
+    error_message,
+    event_code,
+    stream_usage,
+)
 from admit.gateway.asgi import HttpError, Receive, Scope, Send, bearer, header, read_body, send_error, send_json
 from admit.gateway.body import BadBody, RequestInfo, parse_request
 from admit.gateway.config import GatewayConfig
@@ -65,11 +79,7 @@ log = logging.getLogger("admit.gateway")
 STEP_HEADER = b"x-admit-step-id"
 _HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding", b"content-length", b"server", b"date"})
 _COMPLETIONS = {"/v1/completions": False, "/v1/chat/completions": True}
-_USAGE_KEY = b'"usage"'
-_STREAM_END = b"data: [DONE]"
 _MAX_KEEP = 1 << 20  # bytes of a non-streamed answer kept to read its usage
-# a 200 stream whose first event is an error: vLLM's refusal (code 503) once the stream has begun (_forward)
-_ERROR_EVENT = b'data: {"error"'
 
 
 @dataclass(slots=True)
@@ -165,6 +175,9 @@ class Gateway:
         self.admin = AdminApi(self, cfg.admin.resolve())
         self.telemetry = LiveTelemetry(cfg, backend_url)
         self.in_flight_requests = 0  # requests inside the proxy path right now (tests check it drains to 0)
+        # the backend's context length: what a request that names no output limit may cost (module docstring)
+        self.context_tokens: int | None = cfg.max_model_len
+        self._context_task: asyncio.Task[None] | None = None
         # the requests offered to admission and not yet admitted, and those admitted and not finished, by id:
         # their prompts and streamed tokens are the token footprints of the live Observation
         self.waiting_admission: dict[int, Record] = {}
@@ -208,6 +221,35 @@ class Gateway:
         self._loop = asyncio.get_running_loop()
         await self.upstream.start()
         await self.telemetry.start()
+        if self.context_tokens is None:
+            self._context_task = self._loop.create_task(self._learn_context())
+
+    async def _learn_context(self) -> None:
+        """Ask the backend's ``GET /v1/models`` for its context length until it answers (backing off from 1 s to a
+        minute while it does not); an answer without ``max_model_len`` leaves ``default_output_tokens`` in use."""
+        wait = 1.0
+        while True:
+            try:
+                resp = await asyncio.wait_for(self.upstream.request("GET", "/v1/models", None), 10)
+                try:
+                    body = await asyncio.wait_for(resp.read(), 10)
+                except BaseException:
+                    resp.close()
+                    raise
+                resp.release()
+            except (NoBackend, BackendTimeout, BackendBroken, TimeoutError):
+                await asyncio.sleep(wait)
+                wait = min(60.0, 2 * wait)
+                continue
+            self.context_tokens = context_tokens(body) if resp.status == 200 else None
+            if self.context_tokens is None:
+                log.warning("the backend's GET /v1/models (status %d) gives no max_model_len: a chat request that "
+                            "names no output limit is charged default_output_tokens (%d) up front; set "
+                            "max_model_len in the configuration to charge the context", resp.status,
+                            self.cfg.default_output_tokens)
+            else:
+                log.info("the backend's context length: %d tokens (GET /v1/models)", self.context_tokens)
+            return
 
     def _restore_state(self, path: Path) -> None:
         """Apply what the state file kept over the configuration (gateway/state.py)."""
@@ -265,6 +307,8 @@ class Gateway:
             log.error("state file %s could not be written: %s", path, exc)
 
     async def shutdown(self) -> None:
+        if self._context_task is not None:
+            self._context_task.cancel()
         await self.telemetry.close()
         close = getattr(self._admission, "close", None)
         if close is not None:
@@ -389,7 +433,7 @@ class Gateway:
             rec.tenant = self.names[tenant]
             raw = await read_body(receive, scope, self.cfg.max_body_bytes)
             try:
-                info = parse_request(raw, chat, self.cfg.default_output_tokens)
+                info = parse_request(raw, chat)
             except BadBody as exc:
                 raise HttpError(400, "bad-request", str(exc)) from None
         except HttpError as err:
@@ -435,13 +479,14 @@ class Gateway:
     async def _serve(self, scope: Scope, send: Send, tenant: int, info: RequestInfo, raw: bytes, rec: Record) -> None:
         name = self.names[tenant]
         charge: Charge | None = None
+        cost = info.cost_tokens(self.context_tokens, self.cfg.default_output_tokens)
         try:
             lease: Lease | None = None
             asked = False
             if self.shared_book is None:
-                got = self.book.charge(name, info.model, info.cost_tokens, self.clock())
+                got = self.book.charge(name, info.model, cost, self.clock())
             else:  # with Redis, one script charges the envelopes and, if they allow it, takes the lease
-                got, lease, asked = await self.shared_book.charge_and_acquire(tenant, info.model, info.cost_tokens)
+                got, lease, asked = await self.shared_book.charge_and_acquire(tenant, info.model, cost)
             if isinstance(got, Deferral):
                 why = f"rate envelope '{got.target}' has no {got.unit} left"
                 raise Deferred(ENVELOPE_EMPTY, got.retry_after_s, why)
@@ -465,15 +510,15 @@ class Gateway:
         self.metrics.admitted.inc(name)
         self.waiting_admission.pop(id(rec), None)
         self.admitted[id(rec)] = rec
-        ran: bool | None = None  # stays None when the client left: the charge up front stands
+        ran: bool | None = None  # stays None when the client left or the task failed: it may have reached it
         try:
             ran = await self._forward(scope, send, raw, rec)
         finally:
             self.admission.release(lease)
-            if charge is not None and charge.items and ran is not None:
-                if not ran:
+            if charge is not None and charge.items:
+                if ran is False:  # it never ran: nothing to pay
                     self.book.refund(charge, self.clock())
-                else:  # what it really spent: the backend's usage, or the gateway's count of a stream's tokens
+                else:  # whatever ended it: what the backend delivered (its usage, or the stream's events counted)
                     self.book.settle(charge, rec.prompt_tokens + rec.output_tokens, self.clock())
 
     async def _forward(self, scope: Scope, send: Send, raw: bytes, rec: Record) -> bool:
@@ -493,6 +538,7 @@ class Gateway:
         if resp.status == 503:  # the engine's own admission refused it (vLLM's --max-num-queued-reqs/-tokens)
             return await self._busy(send, resp, rec)
         ok = True
+        counted = StreamTokens() if rec.stream else None
         try:
             headers = [(k, v) for k, v in resp.headers if k not in _HOP]
             if not rec.stream and resp.length is not None and resp.length <= _MAX_KEEP:
@@ -500,7 +546,7 @@ class Gateway:
                 return True
             chunk = await resp.next_chunk()
             rec.backend_ttft_s = self.clock() - rec.up_t0
-            if rec.stream and resp.status == 200 and chunk.startswith(_ERROR_EVENT) and _event_code(chunk) == 503:
+            if rec.stream and resp.status == 200 and chunk.startswith(ERROR_EVENT) and event_code(chunk) == 503:
                 # vLLM checks its admission cap again once the stream's 200 is written and then streams the
                 # refusal as the only event; the status line waited for it, so the client gets a real 503
                 ok = False
@@ -511,29 +557,31 @@ class Gateway:
             kept: list[bytes] | None = None if rec.stream else []
             kept_n = 0
             last = b""
-            # a stream's events so far, kept on the record: its footprint in the live Observation meanwhile
+            # a stream's events so far, kept on the record: its footprint in the live Observation meanwhile, and
+            # what it is charged if it ends early
             rec.output_tokens = 0
             while chunk:
                 if rec.ttft_s is None:
                     rec.ttft_s = self.clock() - rec.t0
-                if kept is None:
-                    rec.output_tokens += chunk.count(b"data:")
-                    if _USAGE_KEY in chunk:
-                        usage = _stream_usage(chunk) or usage
+                if counted is not None:
+                    if not rec.finished:  # once [DONE] has come, _end_stream has the stream's figures
+                        rec.output_tokens = counted.feed(chunk)
+                        if USAGE_KEY in chunk:
+                            usage = stream_usage(chunk) or usage
                 elif kept_n < _MAX_KEEP:
                     kept.append(chunk)
                     kept_n += len(chunk)
                 if resp.done:  # the backend's last bytes: they go out with the end of the answer, one write
                     last = chunk
                     break
-                if kept is None and not rec.finished and _STREAM_END in chunk:
+                if kept is None and not rec.finished and STREAM_END in chunk:
                     # the client stops reading at [DONE] and may hang up before the backend's last bytes
                     # (a chunked stream's terminator can come in a later read): the request is done here
                     self._end_stream(rec, resp.status, usage)
                 await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 chunk = await resp.next_chunk()
             if kept:
-                usage = _body_usage(kept[0] if len(kept) == 1 else b"".join(kept))
+                usage = body_usage(kept[0] if len(kept) == 1 else b"".join(kept))
                 self._end_stream(rec, resp.status, usage)
             elif not rec.finished:
                 self._end_stream(rec, resp.status, usage)
@@ -553,6 +601,8 @@ class Gateway:
             if ok and rec.finished:
                 resp.release()
             else:  # broken, or cancelled because the client left: drop the connection, the backend stops
+                if counted is not None and not rec.finished:  # what the backend sent that was not passed on yet
+                    rec.output_tokens = counted.feed(resp.take_buffered())
                 resp.close()
         return True
 
@@ -570,7 +620,7 @@ class Gateway:
             except BackendBroken:
                 resp.close()
                 body = b""
-        message = _error_message(body) or "the backend answered 503"
+        message = error_message(body) or "the backend answered 503"
         await self._fail(send, rec, HttpError(503, "backend-busy", f"the backend is busy: {message}",
                                               self.cfg.backend_busy_retry_after_s))
         return False
@@ -603,7 +653,7 @@ class Gateway:
         now = self.clock()
         rec.ttft_s = now - rec.t0
         rec.backend_ttft_s = now - rec.up_t0
-        usage = _body_usage(body)
+        usage = body_usage(body)
         rec.output_tokens = 0
         if usage:
             rec.prompt_tokens = int(usage.get("prompt_tokens") or rec.prompt_tokens)
@@ -718,67 +768,3 @@ class Gateway:
         self.metrics.alerts.inc(tenant, target, unit)
         log.warning("envelope near exhaustion: tenant=%s target=%s unit=%s remaining=%.0f%%",
                     tenant, target, unit, 100 * frac)
-
-
-# the usage object's two counts, read without decoding any JSON (either order, plain integers). Inside a JSON
-# string a quote is escaped, so the pattern can only match the key itself, never generated text.
-_USAGE_COUNTS = re.compile(
-    rb'"usage": ?\{(?=[^{}]*"prompt_tokens": ?(\d+)[,}])(?=[^{}]*"completion_tokens": ?(\d+)[,}])'
-)
-
-
-def _flat_usage(data: bytes) -> dict[str, Any] | None:
-    """The two counts of the last usage object in ``data``, if it has them as plain integers, without nesting."""
-    at = data.rfind(_USAGE_KEY)
-    m = _USAGE_COUNTS.match(data, at) if at >= 0 else None
-    if m is None:
-        return None
-    return {"prompt_tokens": int(m.group(1)), "completion_tokens": int(m.group(2))}
-
-
-def _stream_usage(chunk: bytes) -> dict[str, Any] | None:
-    flat = _flat_usage(chunk)
-    if flat is not None:
-        return flat
-    for line in chunk.split(b"\n"):
-        if _USAGE_KEY in line and line.startswith(b"data:") and b'"usage":null' not in line.replace(b" ", b""):
-            with contextlib.suppress(ValueError):
-                got = json.loads(line[5:])
-                if isinstance(got, dict) and isinstance(got.get("usage"), dict):
-                    return got["usage"]
-    return None
-
-
-def _event_code(event: bytes) -> int | None:
-    """The ``code`` of a stream's error event ``data: {"error": {..., "code": 503}}`` (None if it has none)."""
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
-        got = json.loads(event.removeprefix(b"data: ").split(b"\n", 1)[0])
-        err = got.get("error") if isinstance(got, dict) else None
-        code = err.get("code") if isinstance(err, dict) else None
-        if isinstance(code, int):
-            return code
-    return None
-
-
-def _error_message(body: bytes) -> str:
-    """The message of an OpenAI-style error body (``{"error": {"message": ...}}`` or ``{"message": ...}``), cut
-    to 300 characters; empty when there is none."""
-    with contextlib.suppress(ValueError, UnicodeDecodeError):
-        got = json.loads(body)
-        if isinstance(got, dict):
-            inner = got.get("error")
-            msg = inner.get("message") if isinstance(inner, dict) else got.get("message")
-            if isinstance(msg, str):
-                return msg[:300]
-    return ""
-
-
-def _body_usage(body: bytes) -> dict[str, Any] | None:
-    flat = _flat_usage(body)
-    if flat is not None:
-        return flat
-    with contextlib.suppress(ValueError):
-        got = json.loads(body)
-        if isinstance(got, dict) and isinstance(got.get("usage"), dict):
-            return got["usage"]
-    return None

@@ -1,14 +1,26 @@
 """What the gateway needs from an OpenAI request body: a light validation and a token estimate.
 
 The body is forwarded unchanged; the gateway only reads the fields that admission needs (``model`` for the
-envelope target, ``stream``, ``max_tokens``, ``n`` and the prompt size for the token envelope) and rejects
-bodies a backend would choke on with a 400 that names the field. JSON nested deeper than ``MAX_JSON_DEPTH``
-is refused too (no OpenAI request needs it, and Python's parser would otherwise recurse until it fails).
-Prompt tokens are estimated as the emulator estimates them (core/tokens.py: words and punctuation, Llama
-3's chat template; token id lists count exactly). The estimate sizes the token envelope's charge up front
-(with ``max_tokens``, or the gateway's ``default_output_tokens`` when the body has none, times ``n``), which
-the gateway reconciles with the backend's ``usage`` when the request ends, and the live Observation's token
-footprints.
+envelope target, ``stream``, the output limit, ``n``/``best_of`` and the prompt size for the token
+envelope) and rejects bodies a backend would choke on with a 400 that names the field. JSON nested deeper
+than ``MAX_JSON_DEPTH`` is refused too (no OpenAI request needs it, and Python's parser would otherwise
+recurse until it fails). Prompt tokens are estimated as the emulator estimates them (core/tokens.py: words
+and punctuation, Llama 3's chat template; token id lists count exactly).
+
+**The up-front charge is the most the backend may produce** (`RequestInfo.cost_tokens`), read the way vLLM
+reads the body, so that no spelling of a request gets more output than it was charged for:
+
+* the output limit per choice is, for chat, ``max_completion_tokens`` when given, else ``max_tokens``
+  (vLLM's order: the older field loses); for completions ``max_tokens`` (``max_completion_tokens`` is not a
+  completions field and vLLM ignores it), 16 when absent or null (vLLM's and OpenAI's default);
+* a chat request that names no limit may generate up to the rest of the backend's context
+  (``max_model_len`` − prompt), so it is charged the context; where the context is unknown, the gateway's
+  ``default_output_tokens`` stands in;
+* the limit is capped by the context (vLLM caps it quietly), and counted once per choice: ``n``, or
+  ``best_of`` when it is larger (backends that generate ``best_of`` candidates generate them all).
+
+The gateway settles the charge with what the backend really delivered when the request ends (gateway/app.py),
+so the estimate only decides whether the request may start.
 """
 
 from __future__ import annotations
@@ -20,7 +32,9 @@ from typing import Any
 from admit.core.tokens import BOS_TOKENS, CHAT_ANSWER_HEADER_TOKENS, CHAT_TOKENS_PER_MESSAGE, estimate_text_tokens
 
 MAX_JSON_DEPTH = 64  # arrays and objects inside each other; an OpenAI chat body needs about 5
-MAX_CHOICES = 128  # the largest ``n`` accepted
+MAX_CHOICES = 128  # the largest ``n`` (and ``best_of``) accepted
+MAX_OUTPUT_TOKENS = 1_000_000  # the largest output limit accepted
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # vLLM's and OpenAI's output limit of a completion that names none
 
 
 class BadBody(ValueError):
@@ -31,14 +45,20 @@ class BadBody(ValueError):
 class RequestInfo:
     model: str
     stream: bool
-    max_tokens: int  # as the body gives it, or the gateway's default_output_tokens when it gives none
+    max_tokens: int | None  # the output limit per choice the backend honours; None: the body names none
     prompt_tokens: int
-    n: int = 1  # choices asked for
+    n: int = 1  # sequences generated: ``n``, or ``best_of`` when larger
 
-    @property
-    def cost_tokens(self) -> int:
-        """What the token envelopes are charged up front: the prompt and the most output the body allows."""
-        return self.prompt_tokens + self.max_tokens * self.n
+    def cost_tokens(self, context_tokens: int | None, default_output_tokens: int) -> int:
+        """The up-front charge: the prompt and the most output the backend may generate for it (module
+        docstring). ``context_tokens``: the backend's context length (None when unknown);
+        ``default_output_tokens``: the output limit assumed for a body that names none while it is unknown."""
+        out = self.max_tokens
+        if out is None:
+            out = default_output_tokens if context_tokens is None else context_tokens
+        if context_tokens is not None:
+            out = min(out, max(1, context_tokens - self.prompt_tokens))
+        return self.prompt_tokens + out * self.n
 
 
 def _depth(obj: Any, limit: int) -> bool:
@@ -112,7 +132,17 @@ def _message_tokens(messages: Any) -> int:
     return BOS_TOKENS + CHAT_ANSWER_HEADER_TOKENS + total
 
 
-def parse_request(raw: bytes, chat: bool, default_output_tokens: int = 16) -> RequestInfo:
+def _count(body: dict[str, Any], key: str, hi: int) -> int | None:
+    """An optional integer field of the body in [1, hi]; None when absent or null."""
+    v = body.get(key)
+    if v is None:
+        return None
+    if not isinstance(v, int) or isinstance(v, bool) or not 1 <= v <= hi:
+        raise BadBody(f"'{key}' must be an integer between 1 and {hi}")
+    return v
+
+
+def parse_request(raw: bytes, chat: bool) -> RequestInfo:
     body = parse_json(raw)
     if not isinstance(body, dict):
         raise BadBody("the body must be a JSON object")
@@ -124,18 +154,16 @@ def parse_request(raw: bytes, chat: bool, default_output_tokens: int = 16) -> Re
         stream = False
     if not isinstance(stream, bool):
         raise BadBody("'stream' must be true or false")
-    mt = body.get("max_completion_tokens") if body.get("max_tokens") is None else body.get("max_tokens")
-    if mt is None:
-        mt = default_output_tokens
-    elif not isinstance(mt, int) or isinstance(mt, bool) or not 1 <= mt <= 1_000_000:
-        raise BadBody("'max_tokens' must be an integer between 1 and 1000000")
-    n = body.get("n")
-    if n is None:
-        n = 1
-    elif not isinstance(n, int) or isinstance(n, bool) or not 1 <= n <= MAX_CHOICES:
-        raise BadBody(f"'n' must be an integer between 1 and {MAX_CHOICES}")
+    max_tokens = _count(body, "max_tokens", MAX_OUTPUT_TOKENS)
+    if chat:
+        mct = _count(body, "max_completion_tokens", MAX_OUTPUT_TOKENS)
+        out = mct if mct is not None else max_tokens
+    else:
+        out = max_tokens if max_tokens is not None else COMPLETIONS_DEFAULT_MAX_TOKENS
+    n = _count(body, "n", MAX_CHOICES) or 1
+    best_of = _count(body, "best_of", MAX_CHOICES) or 1
     so = body.get("stream_options")
     if so is not None and not isinstance(so, dict):
         raise BadBody("'stream_options' must be an object")
     prompt = _message_tokens(body.get("messages")) if chat else _prompt_tokens(body.get("prompt"))
-    return RequestInfo(model, stream, mt, prompt, n)
+    return RequestInfo(model, stream, out, prompt, max(n, best_of))

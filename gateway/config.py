@@ -299,8 +299,11 @@ class GatewayConfig(_Strict):
     admin: AdminConfig = AdminConfig()
     capacity: int | None = Field(default=None, ge=1)
     max_body_bytes: int = Field(default=1 << 20, ge=1024, le=1 << 30)
-    # the output tokens a request without max_tokens is charged up front (per choice); the token envelopes
-    # are reconciled with the backend's real usage when the request ends
+    # the backend's context length (tokens of prompt + output of one sequence), which bounds what a request that
+    # names no output limit may cost; default: what the backend's GET /v1/models reports (gateway/app.py)
+    max_model_len: int | None = Field(default=None, ge=1, le=100_000_000)
+    # the output tokens per choice a chat request that names no output limit is charged up front while the context
+    # length is unknown; every charge is settled with what the backend delivered when the request ends
     default_output_tokens: int = Field(default=256, ge=1, le=1_000_000)
     backend_timeout_s: float = Field(default=600.0, gt=0)
     no_backend_retry_after_s: float = Field(default=1.0, ge=0)

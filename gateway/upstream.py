@@ -75,6 +75,14 @@ class Response:
             parts.append(chunk)
         return b"".join(parts)
 
+    def take_buffered(self) -> bytes:
+        """The body bytes that have arrived and not been read yet, taken without waiting for more (the end of
+        an answer that is being dropped: what the backend sent before it was cut off)."""
+        body = self._conn._body
+        data = b"".join(body)
+        body.clear()
+        return data
+
     def release(self) -> None:
         self._conn.release()
 

@@ -65,11 +65,11 @@ def test_load_config_file_errors(tmp_path: Path) -> None:
 def test_request_body_validation_and_estimate() -> None:
     # the emulator's estimate (core/tokens.py): a long word is two pieces, plus the beginning-of-text token
     info = parse_request(b'{"model":"m","prompt":"abcdefgh","max_tokens":10,"stream":true}', chat=False)
-    assert (info.model, info.stream, info.prompt_tokens, info.cost_tokens) == ("m", True, 3, 13)
+    assert (info.model, info.stream, info.prompt_tokens, info.cost_tokens(None, 256)) == ("m", True, 3, 13)
     assert parse_request(b'{"model":"m","prompt":[1,2,3]}', chat=False).prompt_tokens == 3
     chat = parse_request(b'{"model":"m","messages":[{"role":"user","content":"abcd"}]}', chat=True)
     # beginning of text + the answer's header + (the message's header and end + one word)
-    assert chat.prompt_tokens == 1 + 4 + (4 + 1) and chat.max_tokens == 16
+    assert chat.prompt_tokens == 1 + 4 + (4 + 1) and chat.max_tokens is None
     messages = [{"role": "system", "content": "Be brief, please."}, {"role": "user", "content": "hello " * 30}]
     assert parse_request(json.dumps({"model": "m", "messages": messages}).encode(), chat=True).prompt_tokens == (
         estimate_chat_tokens([{"text": m["content"]} for m in messages]))  # exactly what the emulator counts
@@ -80,6 +80,33 @@ def test_request_body_validation_and_estimate() -> None:
             parse_request(bad, chat=False)
     with pytest.raises(BadBody, match="messages"):
         parse_request(b'{"model":"m","messages":[]}', chat=True)
+
+
+def _cost(body: dict[str, object], chat: bool, context: int | None = 1000, default: int = 256) -> int:
+    fields = {"model": "m", **({"messages": [{"role": "user", "content": "hi"}]} if chat else {"prompt": [1] * 10})}
+    return parse_request(json.dumps({**fields, **body}).encode(), chat=chat).cost_tokens(context, default)
+
+
+def test_the_charge_up_front_is_the_most_the_backend_may_generate() -> None:
+    """The output limit is read as vLLM reads it, so no spelling of a request is charged less than it may get."""
+    p = 1 + 4 + (4 + 1)  # the chat prompt's estimate
+    # chat: max_completion_tokens wins over max_tokens, whichever is smaller
+    assert _cost({"max_tokens": 1, "max_completion_tokens": 500}, chat=True) == p + 500
+    assert _cost({"max_tokens": 500, "max_completion_tokens": 1}, chat=True) == p + 1
+    assert _cost({"max_tokens": 7, "max_completion_tokens": None}, chat=True) == p + 7
+    # chat naming no limit may run to the end of the context; while the context is unknown, the default stands in
+    assert _cost({}, chat=True) == 1000 and _cost({}, chat=True, context=None) == p + 256
+    # capped by the context (the backend caps the output quietly), once per choice: n, or best_of if larger
+    assert _cost({"max_completion_tokens": 5000}, chat=True) == 1000
+    assert _cost({"max_tokens": 50, "n": 3}, chat=True) == p + 150
+    assert _cost({"max_tokens": 50, "n": 2, "best_of": 4}, chat=False) == 10 + 200
+    # completions: max_tokens only (max_completion_tokens is not a completions field), else vLLM's 16
+    assert _cost({"max_completion_tokens": 500}, chat=False) == 10 + 16
+    assert _cost({"max_tokens": None}, chat=False) == 10 + 16
+    for bad in ({"max_completion_tokens": 0}, {"max_completion_tokens": "9"}, {"best_of": 0}, {"best_of": 129},
+                {"n": True}, {"max_tokens": 2_000_000}):
+        with pytest.raises(BadBody, match=next(iter(bad))):
+            _cost(bad, chat=True)
 
 
 def test_tenant_keys_are_the_shared_vocabulary() -> None:

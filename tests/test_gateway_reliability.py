@@ -292,8 +292,8 @@ def test_every_admin_value_is_checked_before_it_is_taken(gw: GatewayProcess) -> 
 # ----------------------------------------------------------------- 6. token envelopes charge what was used
 def test_token_envelope_is_settled_with_the_real_usage(tmp_path: Path) -> None:
     """Chat requests without max_tokens, which the backend answers up to the rest of its context: each is
-    charged an estimate up front and then what it really used, so the envelope's budget follows the usage
-    (the old gateway charged 16 output tokens and never looked again: 20 of 20 passed with a 400-token one)."""
+    charged that context up front (the emulator's /v1/models tells it; default_output_tokens would stand in
+    if it did not) and then what it really used, so the envelope's budget follows the usage."""
     emu = start_emulator("--output-median", "40", "--output-sigma", "0.3")
     env = {"target": "*", "tokens_per_s": 2, "token_burst": 600}
     g = GatewayProcess(tmp_path, emu.url, {"default_output_tokens": 256,

@@ -12,6 +12,8 @@ engine itself (vLLM's own /metrics, one scrape per reading):
   line and a count, equal to vLLM's ``admission_rejections_total``;
 * a client that leaves mid-stream aborts the request inside vLLM (its tokens stop; vLLM 0.32 counts the abort
   in no ``request_success_total`` reason, and the emulator now does the same);
+* a token envelope is charged what vLLM delivered, for each output-limit field vLLM honours, streamed and not,
+  read to the end or left early;
 * `admit control` with a policy moves the limits, and the new limit holds at the engine.
 """
 
@@ -33,6 +35,7 @@ from urllib.parse import urlsplit
 
 import openai
 import pytest
+from admit.gateway.body import parse_request
 from admit.gateway.telemetry import parse_engine_metrics
 from gateway_helpers import ADMIN_TOKEN, GatewayProcess, Watch, key, tenant_cfg, wait_for
 from prometheus_client.parser import text_string_to_metric_families
@@ -47,6 +50,7 @@ pytestmark = [
     pytest.mark.timeout(600),
 ]
 TIMEOUT_S = 180.0  # a 135M model on two shared cores
+METERED_BURST = 1_000_000  # the metered tenant's token bucket: it refills by nothing a test can see
 LONG = int(os.environ.get("VLLM_MAX_MODEL_LEN") or 2048) - 64  # output tokens a held request asks for: all the
 # context leaves beside its short prompt (scripts/vllm_server.sh starts vLLM with VLLM_MAX_MODEL_LEN, 2048)
 
@@ -78,8 +82,10 @@ def idle() -> None:
 @pytest.fixture(scope="module")
 def gw(tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     q = {"max_queue": 64, "queue_timeout_s": 300}
+    metered = {"envelopes": [{"target": "*", "tokens_per_s": 0.001, "token_burst": METERED_BURST}]}
     cfg = {"tenants": [tenant_cfg("solo", limit=1, **q), tenant_cfg("pair", limit=2, **q),
-                       tenant_cfg("flood", limit=64, **q), tenant_cfg("ctl", limit=3, **q)],
+                       tenant_cfg("flood", limit=64, **q), tenant_cfg("ctl", limit=3, **q),
+                       tenant_cfg("metered", limit=1, **q, **metered)],
            "telemetry": {"nvml": False, "scrape_interval_s": 0.2, "stale_after_s": 10, "window_s": 600},
            "control": {"min_limit": 1, "max_limit": 64, "max_step": 2, "interval_s": 1},
            "backend_busy_retry_after_s": 2}
@@ -342,6 +348,66 @@ def test_a_client_that_leaves_mid_stream_aborts_the_request_in_vllm(gw: GatewayP
     assert m["vllm:request_success_total"] == before["vllm:request_success_total"]  # it did not finish
     line = wait_for(lambda: [x for x in gw.request_log() if x["outcome"] == "client-disconnect"], 10, "the log line")
     assert line[-1]["tenant"] == "solo" and line[-1]["status"] == 499
+
+
+METERED = [  # path, output-limit fields, streamed, the client leaves after this many tokens (None: reads all)
+    ("/v1/chat/completions", {"max_tokens": 1, "max_completion_tokens": 300}, True, 10),
+    ("/v1/chat/completions", {"max_tokens": 1, "max_completion_tokens": 40}, False, None),
+    ("/v1/chat/completions", {"max_tokens": 40}, True, None),
+    ("/v1/completions", {"max_tokens": 300}, True, 10),
+]
+
+
+@pytest.mark.parametrize("path, limits, stream, leave_after", METERED)
+def test_a_token_envelope_is_charged_what_vllm_delivered(gw: GatewayProcess, path: str, limits: dict[str, int],
+                                                         stream: bool, leave_after: int | None) -> None:
+    idle()
+    chat = path.endswith("chat/completions")
+    limit = limits.get("max_completion_tokens", limits["max_tokens"])  # what vLLM honours
+    body: dict[str, Any] = {"model": MODEL, **limits, "ignore_eos": True, "stream": stream}
+    if chat:
+        body["messages"] = [{"role": "user", "content": "Tell a long story."}]
+    else:
+        body["prompt"] = "Tell a long story."
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    estimate = parse_request(json.dumps(body).encode(), chat).prompt_tokens  # the prompt as the gateway counts it
+
+    def spent() -> float:
+        env = gw.state()["tenants"]["metered"]["envelopes"][0]
+        return METERED_BURST - float(env["tokens"]["remaining"])
+
+    before, made0 = spent(), engine()["vllm:generation_tokens_total"]
+    conn = connect(gw)
+    conn.request("POST", path, json.dumps(body), {"Authorization": f"Bearer {key('metered')}",
+                                                  "Content-Type": "application/json"})
+    r = conn.getresponse()
+    assert r.status == 200
+    read, usage = 0, None
+    while line := r.readline():
+        if line.startswith(b"{"):  # a whole non-streamed answer
+            usage = json.loads(line)["usage"]
+        if not line.startswith(b"data: {"):
+            continue
+        event = json.loads(line[6:])
+        usage = event.get("usage") or usage
+        choice = (event.get("choices") or [{}])[0]
+        read += bool(choice.get("text") or choice.get("delta", {}).get("content"))
+        if leave_after is not None and read >= leave_after:
+            break
+    conn.close()
+    idle()
+    made = engine()["vllm:generation_tokens_total"] - made0
+    if leave_after is None:  # read to the end: exactly vLLM's usage, whichever field set the limit
+        assert usage is not None and usage["completion_tokens"] == limit == made, (usage, made)
+        want = usage["prompt_tokens"] + usage["completion_tokens"]
+        wait_for(lambda: round(spent() - before) == want, 30, f"the charge to be settled to {want}")
+    else:  # left early: at least what the client read, at most what vLLM generated (and a chat stream's role event)
+        assert read == leave_after and made < limit, (read, made)
+        lo, hi = estimate + read, estimate + made + chat
+        got = wait_for(lambda: c if lo <= (c := round(spent() - before)) <= hi else None, 30,
+                       f"the charge to be settled within [{lo}, {hi}]")
+        assert lo <= got <= hi
 
 
 def test_admit_control_moves_limits_that_hold_at_the_engine(gw: GatewayProcess, tmp_path: Path) -> None:
