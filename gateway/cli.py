@@ -29,11 +29,12 @@ def gateway(
         "admit.dev/concurrency", help="the Kueue resource whose quota counts a tenant's concurrent requests"),
 ) -> None:
     """Run the admission gateway: per-tenant limits, queues, rate envelopes, admin API, /metrics."""
+    from admit.gateway import logs
     from admit.gateway.app import Gateway
     from admit.gateway.config import ConfigError, load_config
     from admit.gateway.server import run, run_workers
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logs.configure(0)  # the start-up lines; the configuration's rate limit applies once it is read
     # `kill -USR1 PID` writes every thread's stack to stderr: where a gateway that stopped answering is stuck
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     try:
@@ -59,6 +60,15 @@ def gateway(
         typer.secho("error: --backend must be an http:// or https:// URL", fg=typer.colors.RED, err=True)
         raise typer.Exit(2)
     key = os.environ.get(backend_key_env) if backend_key_env else None
+    limit = logs.configure(cfg.log_lines_per_s)
+
+    def make_app() -> Gateway:
+        app = Gateway(cfg, backend, key)
+        if limit is not None:
+            app.metrics.counter("log_lines_suppressed", "process-log lines left out by its rate limit "
+                                "(gateway/logs.py)", lambda: limit.suppressed)
+        return app
+
     if workers > 1:
         if cfg.redis is None:
             typer.secho(
@@ -67,5 +77,5 @@ def gateway(
                 fg=typer.colors.RED, err=True,
             )
             raise typer.Exit(2)
-        raise typer.Exit(run_workers(lambda: Gateway(cfg, backend, key), host, port, workers))
-    run(Gateway(cfg, backend, key), host, port)
+        raise typer.Exit(run_workers(make_app, host, port, workers))
+    run(make_app(), host, port)

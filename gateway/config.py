@@ -312,6 +312,8 @@ class GatewayConfig(_Strict):
     request_log: Path | None = None
     # lines a second (burst 10x) for requests that name no tenant (401s, 404s); the rest are counted only
     unauthenticated_log_per_s: float = Field(default=10.0, ge=0, le=1e6)
+    # process-log (stderr) lines a second of one kind, burst 10x, uvicorn's included (gateway/logs.py); 0 = no limit
+    log_lines_per_s: float = Field(default=5.0, ge=0, le=1e6)
     audit_log: Path | None = None
     # limits, borrow and envelopes set at run time survive a restart of an in-process gateway (gateway/state.py)
     state_file: Path | None = None

@@ -132,12 +132,17 @@ class _TokenGauges(Collector):
 
 
 class _Gauges(Collector):
+    """Gauges and counters without labels, each read at scrape time."""
+
     def __init__(self) -> None:
         self.items: list[tuple[str, str, Callable[[], float]]] = []
+        self.counters: list[tuple[str, str, Callable[[], float]]] = []
 
-    def collect(self) -> Iterator[GaugeMetricFamily]:
+    def collect(self) -> Iterator[Metric]:
         for name, doc, read in self.items:
             yield GaugeMetricFamily(name, doc, value=float(read()))
+        for name, doc, read in self.counters:
+            yield CounterMetricFamily(name, doc, value=float(read()))
 
 
 class GatewayMetrics:
@@ -173,6 +178,10 @@ class GatewayMetrics:
     def gauge(self, name: str, doc: str, read: Callable[[], float]) -> None:
         """A gauge without labels read at scrape time."""
         self._gauges.items.append((PREFIX + name, doc, read))
+
+    def counter(self, name: str, doc: str, read: Callable[[], float]) -> None:
+        """A counter without labels read at scrape time (``<name>_total``)."""
+        self._gauges.counters.append((PREFIX + name, doc, read))
 
     def token_gauges(self, names: Sequence[str], read: Callable[[], Any]) -> None:
         """The per-tenant token footprints (``read()`` gives a core.telemetry.TenantTokens) at scrape time."""

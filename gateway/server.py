@@ -67,6 +67,7 @@ async def serve(app: Gateway, sock: socket.socket, announce: bool = True,
         ws="none",
         lifespan="on",
         access_log=False,
+        log_config=None,  # uvicorn's lines go to the process's one handler and its rate limit (gateway/logs.py)
         log_level="warning",
         server_header=False,
         date_header=False,
