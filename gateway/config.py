@@ -266,8 +266,9 @@ class ConnectionsConfig(_Strict):
     """Bounds on every client connection, enforced below the ASGI app (gateway/guard.py, docs/gateway.md).
 
     ``max_connections`` (default: from the process's open-file limit, leaving room for the backend pool,
-    Redis and logs) caps open client connections; past it the oldest idle keep-alive connection is closed
-    to make room, and only when none is idle is the new one answered 503 ``too-many-connections``.
+    Redis and logs) caps open client connections; past it an idle connection, else the slowest request
+    head, is closed to make room (gateway/guard.py says which), and only when none may be is the new one
+    answered 503 ``too-many-connections``.
     """
 
     max_connections: int | None = Field(default=None, ge=1, le=1_000_000)

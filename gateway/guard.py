@@ -9,20 +9,49 @@ open for ever. `guarded_protocol` returns a subclass of that protocol which adds
   more. The count starts at 0 at the end of each message; a pipelined head that starts inside the same read
   as the previous message's end is counted from the next read, so it may reach twice the bound (memory
   stays bounded);
-* **head deadline** — from the first byte of a head to its end, ``head_timeout_s``: ``408 head-timeout``;
+* **head deadline** — from the first byte of a head to its end, ``head_timeout_s``: ``408 head-timeout``.
+  The empty lines HTTP allows before a request line count as the head's first bytes (the parser begins no
+  message for them, so they would otherwise hold a connection with no deadline at all);
 * **body deadline** — from the end of the head to the end of the body, ``body_timeout_s``. If the app has
   not answered yet, the guard answers ``408 body-timeout`` and marks the request's scope (``SCOPE_CLOSED``)
   so that the app, whose body read then ends, logs it as such; if it has, the connection is just closed;
+* **deadlines pause with reading** — uvicorn stops reading a connection (``FlowControl.pause_reading``)
+  while a pipelined request waits for the answer before it, or while a body it has buffered waits for the
+  app; a head or body left half-read at that moment is late because of the gateway, not the client. The
+  deadline stops while reading is paused and runs on with the time it had left when reading resumes. A
+  client that pipelines and does not read its answers is thus held only by its own answers (memory stays
+  bounded: the gateway reads nothing more from it), not cut off because its next head was half-read;
 * **idle time** — a connection with no request in progress is closed after ``idle_timeout_s``, from its
   opening (before its first request) as after each answer (keep-alive);
-* **connection count** — at ``max_connections`` open connections, a new one first closes the connection that
-  has been idle longest (as nginx reuses keep-alive connections when it runs out); only when none is idle is
-  the new one answered ``503 too-many-connections`` and closed, so its file descriptor is free at once.
+* **connection count** — at ``max_connections`` open connections, a new one first closes another to make
+  room (below); only when none may be closed is the new one answered ``503 too-many-connections`` and
+  closed, so its file descriptor is free at once.
+
+Which connection makes room, in this order:
+
+1. one that is owed nothing, the one longest in that state: idle after an answer (nginx reuses keep-alive
+   connections so when it runs short), or answered while its body was still arriving — a client answered at
+   once (a 401 without a key, a 404) whose declared body then trickles in; that body is read only to be
+   discarded, so closing it loses nothing. Closed silently, ``evicted-idle``;
+2. otherwise one still waiting for its request's head, the one waiting longest: a head begun longest ago
+   (measured from its first byte), or a connection opened without sending a byte yet (from its opening).
+   One with part of a head is answered ``408 evicted-slow`` (the status of a request that did not arrive
+   in time: this one was the slowest when the gateway needed its place); one with none is closed silently,
+   ``evicted-idle``. A new connection is itself waiting for its head until its first read, which is why it
+   ranks here and not with the idle ones: clients that reconnect as soon as their slow head is evicted
+   would otherwise evict every newcomer before its request is read, while here a newcomer is the youngest
+   and the last to go.
+
+Never closed to make room: a connection with a request in progress — its answer being prepared or
+streamed, requests pipelined behind it, or a body the app is reading. The app reads a body only once it has
+identified the tenant (or the admin), so a body still arriving unanswered belongs to a client with a key,
+whose slow upload must not be cut by anonymous newcomers; ``body_timeout_s`` bounds it.
 
 Every answer here is the gateway's JSON error shape (gateway/asgi.py), parser errors included (uvicorn
 answers those in plain text), and every event reaches ``on_event(event, status)``, which the gateway counts
 and logs. A deadline timer is armed only when a read leaves a head or a body incomplete, so a request that
-arrives in one read (most do) costs a few attribute checks (docs/BENCHMARKS.md, "Connection guards").
+arrives in one read (most do) costs a few attribute checks (docs/BENCHMARKS.md, "Connection guards"); the
+time a head began is read from the clock only then too.
 """
 
 from __future__ import annotations
@@ -35,6 +64,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from uvicorn.protocols.http.flow_control import FlowControl
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 # set in a request's ASGI scope when the guard answered it (or closed it) while the app was reading its body
@@ -94,6 +124,27 @@ _HEAD_TIMEOUT = "head-timeout"
 _BODY_TIMEOUT = "body-timeout"
 _TOO_MANY = "too-many-connections"
 _BAD_HTTP = "bad-http"
+_EVICTED_IDLE = "evicted-idle"
+_EVICTED_SLOW = "evicted-slow"
+
+
+class _Flow(FlowControl):
+    """uvicorn's flow control of one connection, which also tells the guard when reading stops and resumes."""
+
+    def __init__(self, transport: asyncio.Transport, paused: Callable[[], None], resumed: Callable[[], None]) -> None:
+        super().__init__(transport)
+        self._paused = paused
+        self._resumed = resumed
+
+    def pause_reading(self) -> None:
+        if not self.read_paused:
+            super().pause_reading()
+            self._paused()
+
+    def resume_reading(self) -> None:
+        if self.read_paused:
+            super().resume_reading()
+            self._resumed()
 
 
 def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProtocol]:
@@ -104,20 +155,23 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             super().__init__(*args, **kwargs)
             self.timeout_keep_alive = bounds.idle_timeout_s  # type: ignore[assignment]  # uvicorn types it int
             # per connection: bytes of the head being read, whether a head is being read, heads read so far,
-            # the deadline armed, when it last became idle (loop time), whether it was refused at the door
+            # the deadline armed and, while reading is paused, the time it had left; when the head being read
+            # began and when the connection last became idle (loop time); whether it was refused at the door
             self._head_bytes = 0
             self._in_head = True
             self._heads = 0
             self._phase = 0  # of the message being read: 0 none, 1 its head, 2 its body
             self._armed = 0  # the phase the deadline armed covers (0: none armed)
             self._deadline: asyncio.TimerHandle | None = None
-            self._idle_since = self.loop.time()
+            self._left: float | None = None
+            self._idle_since = self._head_since = self.loop.time()
             self._refused = False
 
         # ------------------------------------------------------------- opening and closing
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
-            full = len(self.connections) >= bounds.max_connections and not _evict_idle(self.connections)
+            full = len(self.connections) >= bounds.max_connections and not _make_room(self.connections)
             super().connection_made(transport)
+            self.flow = _Flow(transport, self._reading_paused, self._reading_resumed)
             if full:
                 self._refused = True
                 self._answer(503, _TOO_MANY, "the gateway has as many client connections as it allows; retry later")
@@ -136,9 +190,29 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
                 self.transport.write(error_response(status, reason, message))
                 self.transport.close()
 
-        def _idle(self) -> bool:
-            return (self._in_head and self._head_bytes == 0 and not self._refused and not self.pipeline
-                    and (self.cycle is None or self.cycle.response_complete))
+        # ------------------------------------------------------------- making room (module docstring)
+        def _room_rank(self) -> tuple[int, float] | None:
+            """(0, since) owed nothing, (1, since) waiting for its head, None for a connection never closed to
+            make room; the lowest is closed first."""
+            if self._refused or self.pipeline or self.transport.is_closing():
+                return None
+            if self.cycle is not None and not self.cycle.response_complete:
+                return None  # a request in progress
+            if self._phase == 1:
+                return 1, self._head_since
+            if self._phase == 2 or self._heads:  # answered: idle, or reading the rest of a body to discard it
+                return 0, self._idle_since
+            return 1, self._idle_since  # opened, and no byte yet
+
+        def _make_room(self) -> None:
+            self.connections.discard(self)  # counted as gone now; the transport closes on the next loop turn
+            self._disarm()
+            if self._phase == 1:
+                self._answer(408, _EVICTED_SLOW, "the gateway is at its connection limit and this request head had "
+                             "been arriving longer than any other; send a request head in one piece")
+            else:
+                on_event(_EVICTED_IDLE, None)
+                self.transport.close()
 
         # ------------------------------------------------------------- bytes in
         def data_received(self, data: bytes) -> None:
@@ -147,16 +221,20 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             # one read (most do) arms no timer at all
             if self._phase != self._armed and not self.transport.is_closing():
                 self._disarm()
-                if self._phase == 1:
-                    self._deadline = self.loop.call_later(bounds.head_timeout_s, self._head_expired)
-                elif self._phase == 2:
-                    self._deadline = self.loop.call_later(bounds.body_timeout_s, self._body_expired)
                 self._armed = self._phase
+                if self._phase == 1:
+                    self._head_since = self.loop.time()
+                    self._arm(bounds.head_timeout_s)
+                elif self._phase == 2:
+                    self._arm(bounds.body_timeout_s)
 
         def _feed(self, data: bytes) -> None:
             if not self._in_head:
                 super().data_received(data)
                 return
+            # a head's first bytes may be the empty lines allowed before a request line, for which the parser
+            # begins no message: they start the head (and its deadline) all the same
+            self._phase = 1
             room = bounds.max_head_bytes - self._head_bytes
             if len(data) <= room:
                 self._head_bytes += len(data)
@@ -201,11 +279,32 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             super().on_response_complete()
 
         # ------------------------------------------------------------- deadlines
+        def _arm(self, delay: float) -> None:
+            """Start the deadline of the phase ``_armed`` names, ``delay`` s from now; while reading is paused,
+            only keep the time it has left."""
+            if self.flow.read_paused:
+                self._left = delay
+            else:
+                self._deadline = self.loop.call_later(delay, self._head_expired if self._armed == 1 else
+                                                      self._body_expired)
+
         def _disarm(self) -> None:
             self._armed = 0
+            self._left = None
             if self._deadline is not None:
                 self._deadline.cancel()
                 self._deadline = None
+
+        def _reading_paused(self) -> None:
+            if self._deadline is not None:
+                self._left = max(0.0, self._deadline.when() - self.loop.time())
+                self._deadline.cancel()
+                self._deadline = None
+
+        def _reading_resumed(self) -> None:
+            if self._left is not None and not self.transport.is_closing():
+                left, self._left = self._left, None
+                self._arm(left)
 
         def _head_expired(self) -> None:
             self._deadline = None
@@ -235,17 +334,16 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
                 on_event("idle-timeout", None)
             super().timeout_keep_alive_handler()
 
-    def _evict_idle(connections: set[Any]) -> bool:
-        """Close the connection idle longest; False when none is idle."""
-        oldest, since = None, math.inf
+    def _make_room(connections: set[Any]) -> bool:
+        """Close the connection the module docstring picks to make room for a new one; False when none may be."""
+        chosen, lowest = None, (2, math.inf)
         for c in connections:
-            if isinstance(c, GuardedProtocol) and c._idle() and c._idle_since < since:
-                oldest, since = c, c._idle_since
-        if oldest is None:
+            rank = c._room_rank() if isinstance(c, GuardedProtocol) else None
+            if rank is not None and rank < lowest:
+                chosen, lowest = c, rank
+        if chosen is None:
             return False
-        on_event("evicted-idle", None)
-        oldest.connections.discard(oldest)  # counted as gone now; the transport closes on the next loop turn
-        oldest.transport.close()
+        chosen._make_room()
         return True
 
     return GuardedProtocol

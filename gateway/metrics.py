@@ -156,7 +156,7 @@ class GatewayMetrics:
         self.connection_events = Counts(
             PREFIX + "connection_events",
             "connection guard events: head-too-large, head-timeout, body-timeout, idle-timeout, evicted-idle, "
-            "too-many-connections, bad-http (gateway/guard.py)", ["event"], r)
+            "evicted-slow, too-many-connections, bad-http (gateway/guard.py)", ["event"], r)
         self.errors = Counts(PREFIX + "errors", "requests that hit a bug of the gateway, by exception type",
                              ["type"], r)
         self.output_tokens = Counts(PREFIX + "output_tokens", "output tokens of completed requests (usage, else "
