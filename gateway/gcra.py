@@ -4,7 +4,10 @@ Pure Python with the time passed in, so that a Redis Lua script (shared state, s
 line by line. With ``T = 1/rate`` (seconds per unit) and ``tau = T * burst`` (how far TAT may run ahead of
 now), spending ``qty`` units at ``now`` computes ``new_tat = max(tat, now) + qty * T`` and is allowed iff
 ``new_tat - tau <= now``; otherwise the caller must wait ``new_tat - tau - now`` seconds. This is the form
-redis-cell uses (its ``max_burst`` is our ``burst - 1``).
+redis-cell uses (its ``max_burst`` is our ``burst - 1``). The test is computed on the bucket's debt,
+``max(tat - now, 0) + qty * T - tau <= 0``, which is the same inequality with ``now`` taken out: on clock
+values of 10^5..10^9 s, ``(now + qty * T) - qty * T`` can round above ``now`` and would defer a full bucket
+whose burst is one spend.
 
 A single spend larger than the burst could never pass; it is allowed when the bucket is full and leaves the
 bucket in debt, so the long-run rate still holds (``tau`` is taken as ``max(tau, qty * T)``). ``force``
@@ -67,19 +70,19 @@ class Gcra:
         self.rate, self.burst = rate, burst
         self.tat = now + min(debt, burst) / rate
 
-    def _decide(self, qty: float, now: float) -> tuple[bool, float, float]:
+    def _decide(self, qty: float, now: float) -> tuple[float, float]:
+        """(seconds until ``qty`` may be spent, <= 0 when now; the TAT after spending it)."""
         t = 1.0 / self.rate
         tau = max(t * self.burst, qty * t)
-        new_tat = max(self.tat, now) + qty * t
-        allow_at = new_tat - tau
-        return allow_at <= now, new_tat, allow_at
+        wait = max(self.tat - now, 0.0) + qty * t - tau  # on the debt, not the clock (module docstring)
+        return wait, max(self.tat, now) + qty * t
 
     def peek(self, qty: float, now: float) -> GcraResult:
         """What ``spend`` would answer, without spending."""
-        ok, new_tat, allow_at = self._decide(qty, now)
-        if ok:
+        wait, new_tat = self._decide(qty, now)
+        if wait <= 0:
             return GcraResult(True, 0.0, self._remaining(new_tat, now), max(0.0, new_tat - now))
-        return GcraResult(False, allow_at - now, self.remaining(now), max(0.0, self.tat - now))
+        return GcraResult(False, wait, self.remaining(now), max(0.0, self.tat - now))
 
     def spend(self, qty: float, now: float) -> GcraResult:
         res = self.peek(qty, now)

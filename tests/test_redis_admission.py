@@ -80,6 +80,25 @@ def test_gcra_script_mirrors_gcra_py(rs: RedisServer) -> None:
     assert res[7][0] == 1  # the refunded unit can be spent again at once
 
 
+def test_the_gcra_script_passes_a_full_buckets_spend_of_its_burst_or_more(rs: RedisServer) -> None:
+    """gcra.py's test on the debt, in Lua, where the clock is server microseconds (about 1.8e15): a spend whose
+    microseconds are of that size (0.001 tokens/s, a burst of 1, a charge of millions of tokens) must pass a
+    full bucket as a small one does."""
+    async def run() -> list[int]:
+        r = aioredis.Redis.from_url(rs.url, decode_responses=True)
+        script = r.register_script(GCRA)
+        out = []
+        for i in range(300):  # a fresh (full) bucket each time
+            qty = 1_000_000 + 29_989 * i  # 1e15 .. 1e16 microseconds at 0.001/s
+            out.append(int((await script(keys=[f"f:{i}:a"], args=["spend", 1, 0.001, 1, qty]))[0]))
+            out.append(int((await script(keys=[f"f:{i}:b"], args=["spend", 1, 0.001, 1, 1]))[0]))
+        await r.aclose()
+        return out
+
+    got = asyncio.run(run())
+    assert got.count(1) == len(got), f"{got.count(0)} of {len(got)} spends from a full bucket were deferred"
+
+
 def test_both_backends_set_limits_through_one_check(rs: RedisServer) -> None:
     """The limit-setting rule lives once (admission.TenantSlots): same answers, same errors, in both backends."""
     from admit.gateway.local_admission import LocalAdmission

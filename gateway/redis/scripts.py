@@ -25,7 +25,8 @@ wrong type has changed nothing.
 
 **GCRA.** The arithmetic of gateway/gcra.py, line for line, on TATs kept in server microseconds: with
 ``T = 1e6 / rate`` and ``tau = max(T * burst, qty * T)``, ``new_tat = max(tat, now) + qty * T`` is allowed
-iff ``new_tat - tau <= now``. All buckets of a request are checked before any is charged (one script), so a
+iff ``new_tat - tau <= now``, tested on the debt (``max(tat - now, 0) + qty * T - tau <= 0``) so that no
+rounding of the clock's magnitude defers a full bucket. All buckets of a request are checked before any is charged (one script), so a
 deferral spends nothing. A bucket key expires (a second after) its bucket is full again. Rate and burst come
 from the caller (every replica holds the same envelope configs, kept in one hash: SET_ENVELOPE). Numbers
 come back as strings: Redis truncates Lua numbers to integers.
@@ -232,9 +233,9 @@ local function gcra(keys, argv, now)
     elseif mode ~= 'read' then
       local tau = math.max(T * burst, qty * T)
       new[i] = math.max(tat, now) + qty * T
-      local allow_at = new[i] - tau
-      if allow_at > now and allow_at - now > worst then
-        worst, worst_i = allow_at - now, i
+      local wait = math.max(tat - now, 0) + qty * T - tau  -- on the debt, not the clock: no rounding defers
+      if wait > 0 and wait > worst then
+        worst, worst_i = wait, i
       end
     end
   end
