@@ -285,7 +285,7 @@ class Gateway:
                     self.book.remove(name, env.cfg.target)
             for e in envs:
                 self.book.configure(name, e, now)
-        self.admin.version = self.admin._saved_version = saved.version
+        self.admin.restore_versions(saved)
         log.info("state file %s: restored version %d", path, saved.version)
 
     def save_state(self) -> None:
@@ -296,6 +296,7 @@ class Gateway:
         snap = self.admission.snapshot()["tenants"]
         state = SavedState(
             version=self.admin.version,
+            tenant_versions=self.admin.tenant_versions(),
             limits={n: int(st["limit"]) for n, st in snap.items()},
             borrow={n: int(st.get("borrow", 0)) for n, st in snap.items()},
             envelopes={n: [e.cfg for e in self.book.envelopes(n)] for n in self.names},
@@ -568,7 +569,7 @@ class Gateway:
                         rec.output_tokens = counted.feed(chunk)
                         if USAGE_KEY in chunk:
                             usage = stream_usage(chunk) or usage
-                elif kept_n < _MAX_KEEP:
+                elif kept is not None and kept_n < _MAX_KEEP:
                     kept.append(chunk)
                     kept_n += len(chunk)
                 if resp.done:  # the backend's last bytes: they go out with the end of the answer, one write

@@ -29,7 +29,7 @@ REQUEST_LOG_KEYS = (
     "path",
     "step_id",
 )
-AUDIT_KEYS = ("time", "version", "actor", "what", "tenant", "old", "new", "reason")
+AUDIT_KEYS = ("time", "version", "tenant_version", "actor", "what", "tenant", "old", "new", "reason")
 
 
 class JsonlWriter:

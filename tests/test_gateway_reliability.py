@@ -386,6 +386,8 @@ def test_limits_and_envelopes_set_at_run_time_survive_a_crash(mock: CountingMock
         assert g.admin("PUT", "/admin/limits", {"limits": {"a": 7, "b": 1}})[0] == 200
         assert g.admin("PUT", "/admin/tenants/b/envelopes/*", {"requests_per_s": 3, "request_burst": 9})[0] == 200
         version = g.state()["version"]
+        versions = {t: st_["version"] for t, st_ in g.state()["tenants"].items()}
+        assert versions == {"a": 1, "b": 2}  # b's limit, then its envelope
         g.proc.send_signal(signal.SIGKILL)  # a crash: no shutdown code runs
         g.proc.wait(10)
     finally:
@@ -394,6 +396,8 @@ def test_limits_and_envelopes_set_at_run_time_survive_a_crash(mock: CountingMock
     try:
         st_ = g2.state()
         assert st_["version"] == version
+        assert {t: x["version"] for t, x in st_["tenants"].items()} == versions  # each tenant's sequence goes on
+        assert g2.admin("PUT", "/admin/tenants/a/limit", {"limit": 6})[1]["tenants"]["a"]["version"] == 2
         assert st_["tenants"]["a"]["limit"] == 7 and st_["tenants"]["b"]["limit"] == 1
         envs = st_["tenants"]["b"]["envelopes"]
         assert [(e["target"], e["config"]["requests_per_s"], e["config"]["request_burst"]) for e in envs] == [
