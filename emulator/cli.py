@@ -6,10 +6,12 @@ import asyncio
 import contextlib
 import os
 import signal
+import sys
 
 import typer
 from admit.core.config import ConfigError
 from admit.emulator.config import EmulatorConfig
+from admit.emulator.http import HEAD_TIMEOUT_S
 
 
 async def run_server(config: EmulatorConfig, announce: bool = True) -> None:
@@ -19,7 +21,11 @@ async def run_server(config: EmulatorConfig, announce: bool = True) -> None:
 
     app = EmulatorApp(config)
     app.start()
-    server = await serve(app, config.host, config.port)
+    server = await serve(app, config.host, config.port, head_timeout_s=config.head_timeout_s)
+    app.listening(s.getsockname()[0] for s in server.sockets)
+    if config.admin_token is None and not app.admin_open:
+        print("note: /admin/faults and /debug/requests answer 403: the emulator listens on a non-loopback address "
+              "without --admin-token-env", file=sys.stderr, flush=True)
     host, port = server.sockets[0].getsockname()[:2]
     if announce:
         print(f"listening on {host}:{port}", flush=True)
@@ -61,10 +67,12 @@ def emulate(
     output_sigma: float = typer.Option(0.8, help="log-space sigma of the drawn output length"),
     startup_delay: float = typer.Option(0.0, help="seconds /health answers 503 after start (slow start-up)"),
     latency_multiplier: float = typer.Option(1.0, help="engine steps take this many times longer (fault)"),
+    head_timeout_s: float = typer.Option(
+        HEAD_TIMEOUT_S, help="seconds a request head may take from its first byte (then 408, connection closed)"),
     admin_token_env: str | None = typer.Option(
         None, help="environment variable holding a token (>= 16 characters) that /admin/faults and /debug/requests "
-        "then require as 'Authorization: Bearer <token>'; without a token they are open to anyone who can reach "
-        "the port (default: 127.0.0.1 only)"),
+        "then require as 'Authorization: Bearer <token>'; without a token they are open only on a loopback "
+        "--host (127.0.0.1, the default) and answer 403 on any other"),
     admin_token: str | None = typer.Option(
         None, help="the token itself (visible in the process list: prefer --admin-token-env)"),
 ) -> None:
@@ -77,7 +85,7 @@ def emulate(
             preset=preset, host=host, port=port, model=model, max_model_len=max_model_len, seed=seed,
             num_gpu_blocks=num_gpu_blocks, max_num_seqs=max_num_seqs, max_num_batched_tokens=max_num_batched_tokens,
             output_median=output_median, output_sigma=output_sigma, startup_delay_s=startup_delay,
-            latency_multiplier=latency_multiplier, admin_token=token,
+            latency_multiplier=latency_multiplier, head_timeout_s=head_timeout_s, admin_token=token,
         )  # fmt: skip
         config.build_engine()  # fail before binding the port
     except ValueError as e:

@@ -9,8 +9,10 @@ if that comes first. The defaults (median 200, sigma 0.8) are an assumption of c
 a fit to a trace; pass ``ignore_eos`` to get exactly ``max_tokens``.
 
 ``admin_token``: when set, ``/admin/faults`` and ``/debug/requests`` need ``Authorization: Bearer <token>``
-(at least 16 visible ASCII characters, as the gateway's admin token); without it they are open, since the
-emulator is a test tool that listens on 127.0.0.1 by default.
+(at least 16 visible ASCII characters, as the gateway's admin token); without it they are open only while
+the emulator listens on loopback addresses alone (emulator/server.py says why).
+
+``head_timeout_s``: a request head must end within this many seconds of its first byte (emulator/http.py).
 """
 
 from __future__ import annotations
@@ -20,10 +22,12 @@ import math
 from dataclasses import dataclass, field
 
 from admit.core.config import ConfigError
+from admit.emulator.http import HEAD_TIMEOUT_S
 from admit.engine.presets import Preset, get_preset
 from admit.engine.token_engine import TokenEngine
 
 MIN_TOKEN_LEN = 16  # as the gateway's admin token (gateway/config.py)
+MAX_HEAD_TIMEOUT_S = 3600.0  # as the gateway's connection deadlines
 
 
 @dataclass(frozen=True)
@@ -41,6 +45,7 @@ class EmulatorConfig:
     output_sigma: float = 0.8
     startup_delay_s: float = 0.0
     latency_multiplier: float = 1.0
+    head_timeout_s: float = HEAD_TIMEOUT_S
     admin_token: str | None = field(default=None, repr=False)  # never printed with the settings
 
     def __post_init__(self) -> None:
@@ -59,6 +64,9 @@ class EmulatorConfig:
             raise ConfigError(f"startup_delay_s must be >= 0, got {self.startup_delay_s}")
         if not (math.isfinite(self.latency_multiplier) and self.latency_multiplier > 0):
             raise ConfigError(f"latency_multiplier must be > 0, got {self.latency_multiplier}")
+        if not (math.isfinite(self.head_timeout_s) and 0 < self.head_timeout_s <= MAX_HEAD_TIMEOUT_S):
+            raise ConfigError(f"head_timeout_s must be > 0 and <= {MAX_HEAD_TIMEOUT_S:g} seconds, "
+                              f"got {self.head_timeout_s}")
         if self.admin_token is not None:  # the message never contains the token
             if len(self.admin_token) < MIN_TOKEN_LEN:
                 raise ConfigError(f"the admin token needs at least {MIN_TOKEN_LEN} characters, "

@@ -7,10 +7,16 @@ calls of pre-framed chunks, with no task, queue or ASGI message per event. docs/
 measurement against Starlette on uvicorn.
 
 Limits: request heads up to 64 KiB (431 otherwise), bodies up to 16 MiB with a ``Content-Length``
-(413 otherwise; chunked request bodies get 501). A handler answers with :meth:`Connection.respond`, or
-with :meth:`Connection.start_stream`, any number of :meth:`Connection.write` and one
-:meth:`Connection.end_stream`; requests pipelined behind it wait until it is done. When the peer goes
-away, the connection's ``on_close`` callback (set by the handler of a streamed or pending answer) runs.
+(413 otherwise; chunked request bodies get 501). A head must end within ``head_timeout_s`` of its first
+byte (408 otherwise, and the connection is closed), so that a client trickling a head cannot hold a
+connection for ever; the clock runs only while the server waits for that head, so a head pipelined behind
+an answer starts it when the answer ends. A handler answers with :meth:`Connection.respond`, or with
+:meth:`Connection.start_stream`, any number of :meth:`Connection.write` and one
+:meth:`Connection.end_stream`; requests pipelined behind it wait until it is done, and once
+``PIPELINE_BUFFER`` bytes of them wait, the connection stops reading until the answer ends (as uvicorn
+does), so a client cannot queue unbounded bytes behind a long stream. Errors of these limits are JSON
+in the emulator's shape (``{"error": {"message", "type", "param", "code"}}``). When the peer goes away, the
+connection's ``on_close`` callback (set by the handler of a streamed or pending answer) runs.
 """
 
 from __future__ import annotations
@@ -24,9 +30,12 @@ from typing import Protocol, cast
 
 MAX_HEAD = 64 * 1024
 MAX_BODY = 16 * 1024 * 1024
-REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 404: "Not Found", 405: "Method Not Allowed",
-           411: "Length Required", 413: "Content Too Large", 431: "Request Header Fields Too Large",
-           500: "Internal Server Error", 501: "Not Implemented", 503: "Service Unavailable"}  # fmt: skip
+HEAD_TIMEOUT_S = 10.0
+PIPELINE_BUFFER = 64 * 1024  # bytes read ahead while an answer is in progress; past it, reading pauses
+REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden", 404: "Not Found",
+           405: "Method Not Allowed", 408: "Request Timeout", 411: "Length Required", 413: "Content Too Large",
+           431: "Request Header Fields Too Large", 500: "Internal Server Error", 501: "Not Implemented",
+           503: "Service Unavailable"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -54,8 +63,9 @@ def _head(status: int, content_type: str, length: int | None, keep_alive: bool, 
 class Connection(asyncio.Protocol):
     """One client connection."""
 
-    def __init__(self, handler: Handler) -> None:
+    def __init__(self, handler: Handler, head_timeout_s: float = HEAD_TIMEOUT_S) -> None:
         self.handler = handler
+        self.head_timeout_s = head_timeout_s
         self.transport: asyncio.Transport | None = None
         self.on_close: Callable[[], object] | None = None  # its result is ignored
         self.closed = False
@@ -64,6 +74,8 @@ class Connection(asyncio.Protocol):
         self._parsing = False
         self._keep_alive = True
         self._continued = False  # sent "100 Continue" for the request being received
+        self._deadline: asyncio.TimerHandle | None = None  # of the head being waited for (armed only if it is late)
+        self._paused = False  # reading paused: PIPELINE_BUFFER bytes wait behind an answer
 
     # ---------------------------------------------------------------- asyncio.Protocol
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
@@ -76,9 +88,13 @@ class Connection(asyncio.Protocol):
         self._buf += data
         if not self._busy:
             self._parse()
+        elif len(self._buf) > PIPELINE_BUFFER and not self._paused and self.transport is not None:
+            self._paused = True
+            self.transport.pause_reading()
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.closed = True
+        self._disarm()
         cb, self.on_close = self.on_close, None
         if cb is not None:
             cb()
@@ -110,6 +126,9 @@ class Connection(asyncio.Protocol):
             if self.transport is not None:
                 self.transport.close()
             return
+        if self._paused and not self.closed and self.transport is not None:
+            self._paused = False
+            self.transport.resume_reading()
         if self._buf and not self._parsing and not self.closed:
             # a pipelined request waits for the next loop turn, so that an answer finished from inside the
             # engine loop never starts another request's handling there
@@ -121,6 +140,7 @@ class Connection(asyncio.Protocol):
 
     def _fail(self, status: int, message: str) -> None:
         """Answer a request that could not be parsed, then close the connection."""
+        self._disarm()
         self._keep_alive = False
         self._buf = b""
         err = {"message": message, "type": "BadRequestError", "param": None, "code": status}
@@ -142,7 +162,14 @@ class Connection(asyncio.Protocol):
         end = buf.find(b"\r\n\r\n")
         if end < 0:
             if len(buf) > MAX_HEAD:
-                self._fail(431, "request head too large")
+                self._fail(431, f"request head larger than {MAX_HEAD} bytes")
+            elif self._deadline is None:  # a head that did not come whole: from now on it has a deadline
+                self._deadline = asyncio.get_running_loop().call_later(self.head_timeout_s, self._head_expired)
+            return False
+        if self._deadline is not None:
+            self._disarm()
+        if end > MAX_HEAD:  # a head that came whole in one read is bounded too
+            self._fail(431, f"request head larger than {MAX_HEAD} bytes")
             return False
         lines = buf[:end].decode("latin-1").split("\r\n")
         parts = lines[0].split(" ")
@@ -186,9 +213,21 @@ class Connection(asyncio.Protocol):
         self.handler.handle(HttpRequest(method, path, query, headers, body), self)
         return True
 
+    # ---------------------------------------------------------------- the head deadline
+    def _head_expired(self) -> None:
+        self._deadline = None
+        if not self._busy and not self.closed:
+            self._fail(408, f"request head took longer than {self.head_timeout_s:g} s")
 
-async def serve(handler: Handler, host: str, port: int, backlog: int = 4096) -> asyncio.Server:
+    def _disarm(self) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+
+async def serve(handler: Handler, host: str, port: int, backlog: int = 4096,
+                head_timeout_s: float = HEAD_TIMEOUT_S) -> asyncio.Server:
     """Listen on ``host:port`` (port 0 = any free port) with ``handler`` answering every request."""
     loop = asyncio.get_running_loop()
-    server = await loop.create_server(lambda: Connection(handler), host, port, backlog=backlog)
+    server = await loop.create_server(lambda: Connection(handler, head_timeout_s), host, port, backlog=backlog)
     return server

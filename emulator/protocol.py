@@ -23,8 +23,9 @@ from typing import Any
 from admit.emulator.tokens import estimate_chat_tokens, estimate_prompt_tokens
 
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
-_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 404: "NotFoundError", 405: "MethodNotAllowed",
-          413: "RequestTooLarge", 500: "InternalServerError", 503: "ServiceUnavailableError"}  # fmt: skip
+_TYPES = {400: "BadRequestError", 401: "AuthenticationError", 403: "PermissionDeniedError", 404: "NotFoundError",
+          405: "MethodNotAllowed", 413: "RequestTooLarge", 500: "InternalServerError",
+          503: "ServiceUnavailableError"}  # fmt: skip
 
 
 class ApiError(Exception):

@@ -8,16 +8,23 @@ a 404, both as OpenAI-style JSON errors.
 With an admin token configured (``--admin-token-env``), ``/admin/faults`` (reading them too: they show how
 a test is rigging the server) and ``/debug/requests`` (every client's request sizes and times) need
 ``Authorization: Bearer <token>``, compared in constant time; anything else is a 401 JSON error and changes
-nothing. Without a token they are open: the emulator is a test tool on 127.0.0.1 by default.
+nothing. Without a token they are open only while every address the server listens on is a loopback one
+(`loopback_only`; tests and ``admit demo`` run it on 127.0.0.1): a fault changes every client's answers, a
+write that must not be open to a network. Bound anywhere else without a token, they answer 403 (a JSON
+error naming ``--admin-token-env``) and change nothing. The OpenAI routes, ``/health``, ``/metrics`` and
+``/version`` stay open either way, as vLLM's are. Until `EmulatorApp.listening` is told the addresses, the
+two are closed as for a non-loopback one.
 """
 
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import logging
 import math
 import time
+from collections.abc import Iterable
 
 import numpy as np
 from admit.emulator.clock import VirtualClock
@@ -45,6 +52,20 @@ _ROUTES = {
     "/debug/requests": ("GET",),
 }
 _PROTECTED = frozenset({"/admin/faults", "/debug/requests"})  # need the admin token when one is configured
+
+
+def loopback_only(addresses: Iterable[str]) -> bool:
+    """Whether the server listens on loopback addresses alone (127.0.0.0/8, ::1): only then are the fault and
+    debug routes open without a token. An empty list, a wildcard (0.0.0.0, ::) or anything not an IP is not."""
+    found = False
+    for a in addresses:
+        try:
+            if not ipaddress.ip_address(a.split("%", 1)[0]).is_loopback:
+                return False
+        except ValueError:
+            return False
+        found = True
+    return found
 
 
 class StreamSink:
@@ -77,6 +98,7 @@ class EmulatorApp:
     def __init__(self, config: EmulatorConfig) -> None:
         self.config = config
         self._token = config.admin_token.encode() if config.admin_token else None
+        self._admin_checked = True  # the fault and debug routes need the token, or answer 403 without one
         # CLOCK_MONOTONIC at full resolution (uvloop's loop.time() has millisecond steps); on Linux the same
         # clock in every process, so a client's timestamps compare directly with /debug/requests.
         self.wall = time.monotonic
@@ -98,6 +120,16 @@ class EmulatorApp:
     def start(self) -> None:
         self.loop.start()
 
+    def listening(self, addresses: Iterable[str]) -> None:
+        """Tell the app where the server listens: on loopback addresses alone, the fault and debug routes are
+        open without a token (module docstring)."""
+        self._admin_checked = self._token is not None or not loopback_only(addresses)
+
+    @property
+    def admin_open(self) -> bool:
+        """Whether ``/admin/faults`` and ``/debug/requests`` answer without a token."""
+        return not self._admin_checked
+
     @property
     def ready(self) -> bool:
         return self.loop.alive and self.wall() >= self._ready_at
@@ -110,7 +142,7 @@ class EmulatorApp:
                 raise ApiError(404, f"no route for {req.path}")
             if req.method not in methods:
                 raise ApiError(405, f"{req.path} accepts {', '.join(methods)}, not {req.method}")
-            if self._token is not None and req.path in _PROTECTED:
+            if self._admin_checked and req.path in _PROTECTED:
                 self._authorize(req)
             if req.path == "/v1/completions":
                 self._generate(req, conn, chat=False)
@@ -144,7 +176,10 @@ class EmulatorApp:
                 conn.respond(500, ApiError(500, "internal error in the emulator").body())
 
     def _authorize(self, req: HttpRequest) -> None:
-        assert self._token is not None
+        if self._token is None:
+            raise ApiError(403, f"{req.path} is off: the emulator listens on a non-loopback address and has no "
+                           "admin token; start it with --admin-token-env VAR (a token of 16+ characters in VAR) "
+                           "to enable it, or listen on 127.0.0.1")
         value = req.headers.get("authorization", "")
         given = value[7:].strip() if value[:7].lower() == "bearer " else ""
         if not hmac.compare_digest(given.encode("latin-1"), self._token):  # the head was decoded as latin-1
