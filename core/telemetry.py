@@ -81,9 +81,10 @@ class TenantWindows:
     def on_rejection(self, t: float) -> None:
         self._rejections.append(t)
 
-    def summary(self, now: float) -> tuple[float, ...]:
-        """Window features in TenantObservation order, from ``arrivals`` to ``slo_e2e`` (the token footprints
-        that follow come from the caller)."""
+    def prune(self, now: float) -> None:
+        """Drop the events that are out of the window at ``now``. `summary` does it; a caller that records events
+        and asks for summaries seldom or never (the gateway without a control loop) calls it as it goes, or the
+        deques keep every event."""
         cutoff = now - self.horizon_s
         done = self._done
         if done and done[0][0] <= cutoff:
@@ -91,7 +92,7 @@ class TenantWindows:
             while done and done[0][0] <= cutoff:
                 pop()
             self._cache = None
-        # the three event deques: prune (usually nothing to drop, and drops/rejections are usually empty)
+        # the three event deques (usually nothing to drop, and drops/rejections are usually empty)
         a = self._arrivals
         while a and a[0] <= cutoff:
             a.popleft()
@@ -101,6 +102,13 @@ class TenantWindows:
         r = self._rejections
         while r and r[0] <= cutoff:
             r.popleft()
+
+    def summary(self, now: float) -> tuple[float, ...]:
+        """Window features in TenantObservation order, from ``arrivals`` to ``slo_e2e`` (the token footprints
+        that follow come from the caller)."""
+        self.prune(now)
+        done = self._done
+        a, d, r = self._arrivals, self._drops, self._rejections
         pct = self._cache
         if pct is None:  # windows change less often than decisions are made: compute only then
             n = len(done)

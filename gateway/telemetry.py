@@ -188,7 +188,12 @@ class LiveTelemetry:
     # Events are stamped on the Observation's clock (seconds since start), the one the windows are pruned
     # with: stamped with the raw monotonic clock they were never older than the window and never left it.
     def arrival(self, tenant: int) -> None:
-        self.windows[tenant].on_arrival(self.clock() - self.t0)
+        now = self.clock() - self.t0
+        w = self.windows[tenant]
+        w.on_arrival(now)
+        # the windows are summarised only when the Observation is read (a control loop may never ask): pruned
+        # here, at each arrival, they hold one window of events, plus the ends of requests still in flight
+        w.prune(now)
 
     def finished(self, tenant: int, outcome: str, e2e_s: float, ttft_s: float | None, wait_s: float | None,
                  output_tokens: int = 0) -> bool:
