@@ -268,7 +268,8 @@ class ConnectionsConfig(_Strict):
     ``max_connections`` (default: from the process's open-file limit, leaving room for the backend pool,
     Redis and logs) caps open client connections; past it an idle connection, else the slowest request
     head, is closed to make room (gateway/guard.py says which), and only when none may be is the new one
-    answered 503 ``too-many-connections``.
+    answered 503 ``too-many-connections``. ``write_timeout_s`` bounds a client that stops reading its answers:
+    once more is queued for it than the transport buffers, it must take some of it within that time.
     """
 
     max_connections: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -276,6 +277,8 @@ class ConnectionsConfig(_Strict):
     head_timeout_s: float = Field(default=10.0, gt=0, le=3600)  # first byte of a head -> its end: 408 past it
     body_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # end of the head -> end of the body: 408
     idle_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # a connection with no request in progress
+    # a client that takes none of the bytes the gateway has queued for it for this long is cut (TCP reset)
+    write_timeout_s: float = Field(default=30.0, gt=0, le=3600)
 
 
 class MetricsConfig(_TokenConfig):

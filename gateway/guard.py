@@ -1,4 +1,4 @@
-"""Bounds on every client connection, below the ASGI app: head size, head and body deadlines, idle time, count.
+"""Bounds on every client connection, below the ASGI app: head size, deadlines (head, body, write), idle time, count.
 
 uvicorn's httptools protocol buffers a request head of any size (one 256 MB header grew the gateway by
 half a gigabyte), has no deadline for a head or a body, and keeps a connection that never sends a byte
@@ -19,8 +19,24 @@ open for ever. `guarded_protocol` returns a subclass of that protocol which adds
   while a pipelined request waits for the answer before it, or while a body it has buffered waits for the
   app; a head or body left half-read at that moment is late because of the gateway, not the client. The
   deadline stops while reading is paused and runs on with the time it had left when reading resumes. A
-  client that pipelines and does not read its answers is thus held only by its own answers (memory stays
-  bounded: the gateway reads nothing more from it), not cut off because its next head was half-read;
+  client that pipelines and does not read its answers is thus held up by its own answers (memory stays
+  bounded: the gateway reads nothing more from it), not cut off because its next head was half-read; the
+  write deadline bounds how long it may leave them unread;
+* **write deadline** — when more is queued for a client than its transport buffers (the buffer over its
+  high-water mark: asyncio calls ``pause_writing``, and uvicorn stops writing to it, then reading from it),
+  or when a closed transport still holds bytes it must send before it lets the connection go, the client
+  must take some of them within ``write_timeout_s``. Each period ends with a look at the bytes it has not
+  acknowledged (the transport's buffer and the kernel's send queue, SIOCOUTQ on Linux; nothing is written
+  while writing is paused, so the figure falls only as the client takes bytes): if it fell, another period
+  begins, so a slow reader that keeps reading is never cut, even while the kernel refills the buffer too
+  seldom for ``resume_writing`` (which stops the deadline) to come within a period. A client that took
+  nothing for a whole period is cut with a TCP reset, ``write-timeout`` (nothing can be answered to a
+  client that reads nothing; the reset makes the kernel drop what it held for it at once). The app sees
+  the disconnect: a request in progress is cancelled, its lease given back, its upstream closed, and it is
+  logged once, as any request whose client left (``client-disconnect``, 499). Without this deadline a
+  client that stops reading keeps its connection for ever, since a request in progress (a keyless client's
+  401 waiting to be written, or a tenant's stream) is never closed to make room, and a tenant's client
+  keeps its lease;
 * **idle time** — a connection with no request in progress is closed after ``idle_timeout_s``, from its
   opening (before its first request) as after each answer (keep-alive);
 * **connection count** — at ``max_connections`` open connections, a new one first closes another to make
@@ -45,21 +61,29 @@ Which connection makes room, in this order:
 Never closed to make room: a connection with a request in progress — its answer being prepared or
 streamed, requests pipelined behind it, or a body the app is reading. The app reads a body only once it has
 identified the tenant (or the admin), so a body still arriving unanswered belongs to a client with a key,
-whose slow upload must not be cut by anonymous newcomers; ``body_timeout_s`` bounds it.
+whose slow upload must not be cut by anonymous newcomers; ``body_timeout_s`` bounds it, and
+``write_timeout_s`` bounds one whose client stops reading its answer.
 
 Every answer here is the gateway's JSON error shape (gateway/asgi.py), parser errors included (uvicorn
 answers those in plain text), and every event reaches ``on_event(event, status)``, which the gateway counts
 and logs. A deadline timer is armed only when a read leaves a head or a body incomplete, so a request that
 arrives in one read (most do) costs a few attribute checks (docs/BENCHMARKS.md, "Connection guards"); the
-time a head began is read from the clock only then too.
+time a head began is read from the clock only then too. The write deadline costs nothing per read or write:
+it is armed from asyncio's ``pause_writing`` callback and from a close that leaves bytes buffered (one
+``is_closing`` check per answer), and reads the kernel's queue only when it is armed and when it expires.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import fcntl
 import json
 import math
 import resource
+import socket
+import struct
+import termios
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -80,6 +104,7 @@ class Bounds:
     head_timeout_s: float
     body_timeout_s: float
     idle_timeout_s: float
+    write_timeout_s: float
 
 
 def default_max_connections() -> int:
@@ -126,6 +151,34 @@ _TOO_MANY = "too-many-connections"
 _BAD_HTTP = "bad-http"
 _EVICTED_IDLE = "evicted-idle"
 _EVICTED_SLOW = "evicted-slow"
+_WRITE_TIMEOUT = "write-timeout"
+# the kernel's count of bytes sent on a TCP socket and not yet acknowledged (SIOCOUTQ on Linux; None elsewhere)
+_OUTQ = getattr(termios, "TIOCOUTQ", None)
+
+
+def _unacked(transport: asyncio.Transport) -> int:
+    """Bytes written to a connection that its client has not acknowledged: the transport's buffer and, on
+    Linux, the kernel's send queue. No write is made while writing is paused, so meanwhile the figure falls
+    exactly as the client takes bytes; the kernel moving bytes from the buffer to its queue leaves it as it is."""
+    n = transport.get_write_buffer_size()
+    sock = transport.get_extra_info("socket")
+    if _OUTQ is not None and sock is not None:
+        with contextlib.suppress(OSError, ValueError):
+            n += struct.unpack("i", fcntl.ioctl(sock.fileno(), _OUTQ, b"\0\0\0\0"))[0]
+    return n
+
+
+_LINGER_0 = struct.pack("ii", 1, 0)
+
+
+def _reset(transport: asyncio.Transport) -> None:
+    """Abort a connection with a TCP reset: the kernel drops what it still holds for the client at once instead
+    of keeping it (up to megabytes) for a client that does not read (nginx's reset_timedout_connection)."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, ValueError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, _LINGER_0)
+    transport.abort()
 
 
 class _Flow(FlowControl):
@@ -166,6 +219,9 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             self._left: float | None = None
             self._idle_since = self._head_since = self.loop.time()
             self._refused = False
+            # the write deadline (module docstring) and the unacknowledged bytes when it was last armed
+            self._write_deadline: asyncio.TimerHandle | None = None
+            self._unsent = 0
 
         # ------------------------------------------------------------- opening and closing
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
@@ -181,6 +237,7 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            self._write_stop()
             super().connection_lost(exc)
 
         def _answer(self, status: int, reason: str, message: str, app_logs: bool = False) -> None:
@@ -189,6 +246,7 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             if not self.transport.is_closing():
                 self.transport.write(error_response(status, reason, message))
                 self.transport.close()
+                self._linger()
 
         # ------------------------------------------------------------- making room (module docstring)
         def _room_rank(self) -> tuple[int, float] | None:
@@ -213,6 +271,7 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             else:
                 on_event(_EVICTED_IDLE, None)
                 self.transport.close()
+                self._linger()
 
         # ------------------------------------------------------------- bytes in
         def data_received(self, data: bytes) -> None:
@@ -277,6 +336,13 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
         def on_response_complete(self) -> None:
             self._idle_since = self.loop.time()
             super().on_response_complete()
+            if self.transport.is_closing():  # uvicorn closed it after this answer (Connection: close)
+                self._linger()
+
+        def shutdown(self) -> None:
+            super().shutdown()
+            if self.transport.is_closing():
+                self._linger()
 
         # ------------------------------------------------------------- deadlines
         def _arm(self, delay: float) -> None:
@@ -314,6 +380,7 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             else:  # an answer to an earlier (pipelined) request is still being sent: no room for ours
                 on_event(_HEAD_TIMEOUT, None)
                 self.transport.close()
+                self._linger()
 
         def _body_expired(self) -> None:
             self._deadline = None
@@ -328,11 +395,51 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
             else:
                 on_event(_BODY_TIMEOUT, None)
                 self.transport.close()
+                self._linger()
 
         def timeout_keep_alive_handler(self) -> None:
             if not self.transport.is_closing():
                 on_event("idle-timeout", None)
             super().timeout_keep_alive_handler()
+            self._linger()
+
+        # ------------------------------------------------------------- write deadline
+        def pause_writing(self) -> None:
+            super().pause_writing()
+            self._write_wait()
+
+        def resume_writing(self) -> None:
+            super().resume_writing()
+            self._write_stop()
+            self._linger()  # closed meanwhile: what is left must still go out in time
+
+        def _linger(self) -> None:
+            """A closed transport keeps the connection (its file descriptor, and its place in the table until it
+            is lost) until its buffer has gone out: the write deadline bounds that wait too."""
+            if self.transport.is_closing() and self.transport.get_write_buffer_size():
+                self._write_wait()
+
+        def _write_wait(self) -> None:
+            if self._write_deadline is None:
+                self._unsent = _unacked(self.transport)
+                self._write_deadline = self.loop.call_later(bounds.write_timeout_s, self._write_expired)
+
+        def _write_stop(self) -> None:
+            if self._write_deadline is not None:
+                self._write_deadline.cancel()
+                self._write_deadline = None
+
+        def _write_expired(self) -> None:
+            self._write_deadline = None
+            unsent = _unacked(self.transport)
+            if unsent < self._unsent:  # the client took some bytes: it has another period from now
+                self._unsent = unsent
+                self._write_deadline = self.loop.call_later(bounds.write_timeout_s, self._write_expired)
+                return
+            # it took none for the whole period: nothing can be answered to a client that does not read. The
+            # app sees the disconnect: a request in progress is cancelled, its lease given back
+            on_event(_WRITE_TIMEOUT, None)
+            _reset(self.transport)
 
     def _make_room(connections: set[Any]) -> bool:
         """Close the connection the module docstring picks to make room for a new one; False when none may be."""

@@ -155,8 +155,8 @@ class GatewayMetrics:
         self.alerts = Counts(PREFIX + "envelope_alerts", "an envelope fell below its alert threshold", _ENV_LABELS, r)
         self.connection_events = Counts(
             PREFIX + "connection_events",
-            "connection guard events: head-too-large, head-timeout, body-timeout, idle-timeout, evicted-idle, "
-            "evicted-slow, too-many-connections, bad-http (gateway/guard.py)", ["event"], r)
+            "connection guard events: head-too-large, head-timeout, body-timeout, write-timeout, idle-timeout, "
+            "evicted-idle, evicted-slow, too-many-connections, bad-http (gateway/guard.py)", ["event"], r)
         self.errors = Counts(PREFIX + "errors", "requests that hit a bug of the gateway, by exception type",
                              ["type"], r)
         self.output_tokens = Counts(PREFIX + "output_tokens", "output tokens of completed requests (usage, else "

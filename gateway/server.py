@@ -52,6 +52,7 @@ def bounds_of(app: Gateway) -> Bounds:
         head_timeout_s=c.head_timeout_s,
         body_timeout_s=c.body_timeout_s,
         idle_timeout_s=c.idle_timeout_s,
+        write_timeout_s=c.write_timeout_s,
     )
 
 

@@ -8,18 +8,25 @@ Real gateway processes on loopback, raw sockets for the slow clients and urllib 
   it makes room too, while an authenticated request whose body is still arriving keeps its connection;
 * a head made only of the blank lines HTTP allows before a request line still has a deadline;
 * a pipelining client that does not read its answers is not cut off by the head deadline while the gateway
-  itself has stopped reading its requests, and a head that trickles while the gateway reads still times out.
+  itself has stopped reading its requests, and a head that trickles while the gateway reads still times out;
+* a client that takes none of its answers' bytes for ``write_timeout_s`` is cut, with or without a key (its
+  connection held at the cap, its tenant's lease held), while one that reads slowly but steadily is not.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import http.client as hc
 import json
 import selectors
 import socket
+import struct
+import termios
 import threading
 import time
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -31,6 +38,8 @@ pytestmark = pytest.mark.timeout(300)
 
 CAP = 32
 HEAD_TIMEOUT_S = 2.0
+UNREAD_CAP = 8
+WRITE_TIMEOUT_S = 2.0
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +57,17 @@ def tight(mock: CountingMock, tmp_path_factory: pytest.TempPathFactory) -> Itera
     cfg = {"connections": {"head_timeout_s": HEAD_TIMEOUT_S, "body_timeout_s": HEAD_TIMEOUT_S},
            "tenants": [tenant_cfg("a", limit=8)]}
     g = GatewayProcess(tmp_path_factory.mktemp("tight"), mock.url, cfg)
+    yield g
+    g.stop()
+
+
+@pytest.fixture(scope="module")
+def unread(mock: CountingMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
+    """A short write deadline and a small cap; head and body deadlines long enough to play no part."""
+    cfg = {"connections": {"max_connections": UNREAD_CAP, "write_timeout_s": WRITE_TIMEOUT_S, "head_timeout_s": 300,
+                           "body_timeout_s": 300},
+           "tenants": [tenant_cfg("a", limit=8)]}
+    g = GatewayProcess(tmp_path_factory.mktemp("unread"), mock.url, cfg)
     yield g
     g.stop()
 
@@ -315,3 +335,202 @@ def test_a_pipelining_client_that_stops_reading_is_not_cut_by_the_head_deadline(
     finally:
         s.close()
     assert events(tight, "head-timeout") == before
+
+
+# ----------------------------------------------------------------- write deadlines
+def narrow(g: GatewayProcess) -> socket.socket:
+    """A connection with 536-byte segments and a 4 KiB receive buffer, set before connecting, as on a real
+    network path rather than loopback's 64 KiB segments: the kernel sizes the gateway's send buffer from the
+    segment size (a few hundred KB instead of megabytes, so a few thousand small answers fill it) and this
+    client's kernel reopens its window after each few KB read instead of after each 64 KiB."""
+    s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_MAXSEG, 536)
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    s.settimeout(60)
+    s.connect(addr(g))
+    return s
+
+
+KEYLESS = b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 0\r\n\r\n"
+
+
+def _send_quietly(s: socket.socket, data: bytes) -> None:
+    """``sendall`` in a thread of its own: it blocks once the gateway stops reading, and ends when it cuts."""
+    with contextlib.suppress(OSError):
+        s.sendall(data)
+
+
+def _until_closed(s: socket.socket) -> int:
+    """Read what the gateway sent until it closed or reset the connection; the bytes read."""
+    n = 0
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except ConnectionResetError:
+            return n
+        if not chunk:
+            return n
+        n += len(chunk)
+
+
+def stream_request(step: str, max_tokens: int) -> bytes:
+    body = json.dumps({"model": "mock", "prompt": "x", "max_tokens": max_tokens, "stream": True}).encode()
+    return (f"POST /v1/completions HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {key('a')}\r\n"
+            f"x-admit-step-id: {step}\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n\r\n"
+            ).encode() + body
+
+
+def test_keyless_clients_that_never_read_are_cut_by_the_write_deadline(unread: GatewayProcess) -> None:
+    """As many keyless connections as the cap, each pipelining 3,000 requests (each answered 401 at once) and
+    reading none of the answers: they fill the socket buffers and the transport's, the gateway stops writing
+    to them and then reading from them, and each has a request in progress (the 401 waiting to be written),
+    so the cap closes none of them to make room and without a write deadline they would hold the whole
+    table for good. Each is cut (``write-timeout``, no answer: the client reads none) once it has taken no
+    byte for ``write_timeout_s``, and honest requests are then served."""
+    before = events(unread, "write-timeout")
+    held = [narrow(unread) for _ in range(UNREAD_CAP)]
+    try:
+        for s in held:
+            threading.Thread(target=_send_quietly, args=(s, KEYLESS * 3000), daemon=True).start()
+        # /metrics itself is refused 503 (counted 0 here) while they hold the table
+        wait_for(lambda: events(unread, "write-timeout") >= before + UNREAD_CAP, 60,
+                 f"{UNREAD_CAP} connections cut by the write deadline", every=0.05)
+        for s in held:  # each was closed by the gateway: what it had sent, then the end
+            s.settimeout(30)
+            assert _until_closed(s) > 0
+        statuses = [complete(unread) for _ in range(UNREAD_CAP + 2)]
+        assert [st for st, _ in statuses] == [200] * (UNREAD_CAP + 2), [(st, b[:200]) for st, b in statuses]
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_a_stream_whose_client_stops_reading_gives_its_lease_back(unread: GatewayProcess) -> None:
+    """A tenant's stream of 100,000 tokens (about 11 MB) whose client reads its first bytes and then nothing:
+    once the buffers are full the gateway stops writing, and ``write_timeout_s`` later the connection is cut,
+    so the request is cancelled like any whose client left: its lease comes back (in flight 0), the upstream
+    is closed, and it is logged once."""
+    before = events(unread, "write-timeout")
+    step = f"unread-{time.monotonic_ns()}"
+    with connect(unread) as s:
+        s.sendall(stream_request(step, 100_000))
+        s.settimeout(60)
+        assert s.recv(4096).startswith(b"HTTP/1.1 200"), "the stream did not start"
+        wait_for(lambda: events(unread, "write-timeout") > before, 60, "the stream cut by the write deadline")
+        st = wait_for(lambda: (x := unread.state())["tenants"]["a"]["in_flight"] == 0
+                      and x["requests_in_progress"] == 0 and x, 30, "the lease given back")
+        assert st["in_flight"] == 0, st
+        lines = wait_for(lambda: [x for x in unread.request_log() if x["step_id"] == step], 30, "its log line")
+    assert [(x["status"], x["outcome"], x["tenant"]) for x in lines] == [(499, "client-disconnect", "a")], lines
+    assert events(unread, "write-timeout") == before + 1
+
+
+def test_a_slow_reader_that_keeps_reading_is_not_cut(unread: GatewayProcess) -> None:
+    """A client that reads 4 KiB of a long stream every 0.2 s (20 KB/s, far slower than the gateway writes)
+    for five write deadlines. The kernel takes more of the transport's buffer only once a third of its send
+    buffer has been read, about every 6 s at this pace, so the gateway's writing stays paused longer than
+    ``write_timeout_s`` at a time; but the client takes bytes all along, and only a client that has taken none
+    for the whole period is cut."""
+    before = events(unread, "write-timeout")
+    with narrow(unread) as s:
+        s.sendall(stream_request(f"slow-{time.monotonic_ns()}", 100_000))
+        got = 0
+        end = time.monotonic() + 5 * WRITE_TIMEOUT_S
+        while time.monotonic() < end:
+            try:
+                chunk = s.recv(4096)
+            except ConnectionResetError:
+                chunk = b""
+            assert chunk, f"the gateway cut a client reading 20 KB/s after {got} bytes"
+            got += len(chunk)
+            time.sleep(0.2)  # the client's pace, not a wait for the gateway
+    assert events(unread, "write-timeout") == before
+
+
+ESTABLISHED, FIN_WAIT1 = 1, 4  # TCP states as /proc/net/tcp numbers them
+
+
+def _gateway_side(g: GatewayProcess, client: socket.socket) -> tuple[int, int] | None:
+    """The gateway's side of ``client``'s connection in /proc/net/tcp: its TCP state and its kernel send queue
+    (bytes written and not yet acknowledged); None once the socket is gone (reset)."""
+    local, remote = f"{addr(g)[1]:04X}", f"{client.getsockname()[1]:04X}"
+    for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+        f = line.split()
+        if f[1].endswith(":" + local) and f[2].endswith(":" + remote):
+            return int(f[3], 16), int(f[4].split(":")[0], 16)
+    return None
+
+
+def _unauthorized(g: GatewayProcess) -> float:
+    try:
+        return float(_metric(g.metrics(), 'admit_gateway_requests_total{outcome="unauthorized",tenant="-"}'))
+    except AssertionError:
+        return 0.0
+
+
+def _one_answer_size(g: GatewayProcess) -> int:
+    """The bytes of the 401 a keyless request gets (its head and body may come in separate reads)."""
+    with connect(g) as s:
+        s.sendall(KEYLESS)
+        answer = b""
+        while b"\r\n\r\n" not in answer or len(parse(answer)[2]) < int(parse(answer)[1]["content-length"]):
+            chunk = s.recv(65536)
+            assert chunk, answer
+            answer += chunk
+    return len(answer)
+
+
+def _let_go(g: GatewayProcess, client: socket.socket) -> str:
+    """"" while the gateway's side of the connection is established; else "gone" or its TCP state."""
+    side = _gateway_side(g, client)
+    if side is None:
+        return "gone"
+    return "" if side[0] == ESTABLISHED else f"state {side[0]}"
+
+
+def _close_with_bytes_left(g: GatewayProcess, size: int) -> bool:
+    """One try of the test below: False when the kernel took every byte before the close (nothing to test)."""
+    before = events(g, "write-timeout")
+    base = _unauthorized(g)
+
+    def answered(n: int) -> None:
+        wait_for(lambda: _unauthorized(g) - base >= n, 60, f"{n} requests answered", every=0.02)
+
+    with narrow(g) as s:
+        sent, held = 0, 0
+        while held < 24_000:
+            assert sent < 20_000, f"the buffers took {sent} answers of {size} bytes"
+            s.sendall(KEYLESS * 20)  # about 5 KB of answers
+            sent += 20
+            answered(sent)
+            side = _gateway_side(g, s)
+            assert side is not None and side[0] == ESTABLISHED, side
+            inq = struct.unpack("i", fcntl.ioctl(s, termios.FIONREAD, b"\0\0\0\0"))[0]
+            held = sent * size - side[1] - inq
+        s.sendall(KEYLESS.replace(b"Host: x\r\n", b"Host: x\r\nConnection: close\r\n"))
+        answered(sent + 1)
+        # the gateway closes with that answer's write; its side stays established while the close waits
+        side = wait_for(lambda: _let_go(g, s), 60, "the closed connection let go")
+        if side == f"state {FIN_WAIT1}":
+            return False  # closed gracefully: the kernel took it all, the transport held nothing
+        wait_for(lambda: events(g, "write-timeout") > before, 30, "the write-timeout counted")
+        s.settimeout(30)
+        _until_closed(s)
+    return True
+
+
+def test_a_closed_connection_whose_last_answers_are_not_read_is_cut(unread: GatewayProcess) -> None:
+    """A closed transport keeps its connection (file descriptor, place in the table) until its buffer has
+    gone out. A keyless client fills the kernel's queues with 401s it does not read, leaves 24-30 KB more in
+    the transport's buffer (under its high-water mark, so writing never pauses), then sends a request with
+    ``Connection: close``: the gateway answers it and closes, and the close waits on a client that reads
+    nothing. The write deadline bounds that wait too: the connection is reset (``write-timeout``).
+
+    The test knows the state exactly: a 401 is counted in /metrics before its bytes are written, every answer
+    has the same length, and the bytes left in the transport are those answered less the gateway's kernel
+    queue (/proc/net/tcp) and this client's. The kernel may still grow its send buffer and take them all at
+    the last moment; the gateway then lets the connection go at once (FIN-WAIT-1, nothing to test) and the
+    test tries again."""
+    size = _one_answer_size(unread)
+    assert any(_close_with_bytes_left(unread, size) for _ in range(3)), \
+        "three times the kernel took every byte left before the close"
