@@ -26,10 +26,10 @@ wrong type has changed nothing.
 **GCRA.** The arithmetic of gateway/gcra.py, line for line, on TATs kept in server microseconds: with
 ``T = 1e6 / rate`` and ``tau = max(T * burst, qty * T)``, ``new_tat = max(tat, now) + qty * T`` is allowed
 iff ``new_tat - tau <= now``, tested on the debt (``max(tat - now, 0) + qty * T - tau <= 0``) so that no
-rounding of the clock's magnitude defers a full bucket. All buckets of a request are checked before any is charged (one script), so a
-deferral spends nothing. A bucket key expires (a second after) its bucket is full again. Rate and burst come
-from the caller (every replica holds the same envelope configs, kept in one hash: SET_ENVELOPE). Numbers
-come back as strings: Redis truncates Lua numbers to integers.
+rounding of the clock's magnitude defers a full bucket. All buckets of a request are checked before any is
+charged (one script), so a deferral spends nothing. A bucket key expires (a second after) its bucket is full
+again. Rate and burst come from the caller (every replica holds the same envelope configs, kept in one hash:
+SET_ENVELOPE). Numbers come back as strings: Redis truncates Lua numbers to integers.
 
 **Both at once.** A request with rate envelopes needs a charge and then a lease; ``CHARGE_ACQUIRE`` does the
 two in one script (one round trip, the gateway's fast path): the charge first, the lease only if the charge
