@@ -1,9 +1,11 @@
 """Child processes the tests start: wait for the ``listening on HOST:PORT`` line that every server of the
-project (emulator, gateway, mock server) prints once it accepts connections."""
+project (emulator, gateway, mock server) prints once it accepts connections; and a client that trickles bytes
+at one of them."""
 
 from __future__ import annotations
 
 import selectors
+import socket
 import subprocess
 import time
 
@@ -26,3 +28,23 @@ def read_listening(proc: subprocess.Popen[str], timeout: float, what: str) -> st
     proc.wait(5)
     proc.stdout.close()
     raise RuntimeError(f"{what} did not start")
+
+
+def trickle(s: socket.socket, byte: bytes, limit_s: float, every: float = 0.25) -> tuple[bytes, float]:
+    """Send ``byte`` every ``every`` s on ``s`` until the server closes the connection (``limit_s`` bounds a
+    server that never does); what it answered and how long it took."""
+    s.settimeout(every)
+    t0 = time.monotonic()
+    data = b""
+    while time.monotonic() - t0 < limit_s:
+        try:
+            s.sendall(byte)
+            chunk = s.recv(65536)
+        except TimeoutError:
+            continue
+        except (BrokenPipeError, ConnectionResetError):
+            break
+        if not chunk:
+            break
+        data += chunk
+    return data, time.monotonic() - t0

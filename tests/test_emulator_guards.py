@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 from admit.emulator.server import loopback_only
 from emulator_helpers import Emulator, start_emulator
+from proc_helpers import trickle
 
 MODEL = "m"
 HEAD_TIMEOUT_S = 1.0
@@ -62,22 +63,8 @@ def test_a_head_that_never_ends_is_answered_408(emu: Emulator) -> None:
 def test_a_trickling_head_still_times_out(emu: Emulator) -> None:
     """Bytes that keep coming do not extend the deadline: it runs from the head's first byte."""
     with socket.create_connection(emu.host_port, timeout=30) as s:
-        s.settimeout(0.2)
-        t0 = time.monotonic()
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-        data = b""
-        while time.monotonic() - t0 < 20 * HEAD_TIMEOUT_S:  # bounds a server that never answers
-            try:
-                s.sendall(b"a")
-                chunk = s.recv(65536)
-            except TimeoutError:
-                continue
-            except (BrokenPipeError, ConnectionResetError):
-                break
-            if not chunk:
-                break
-            data += chunk
-        elapsed = time.monotonic() - t0
+        data, elapsed = trickle(s, b"a", 20 * HEAD_TIMEOUT_S, every=0.2)
     head, _, body = data.partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 408 Request Timeout"), data[:300]
     _assert_error(408, json.loads(body), 408, "head took longer")

@@ -31,6 +31,7 @@ from typing import Any
 
 import pytest
 from gateway_helpers import CountingMock, GatewayProcess, http, key, tenant_cfg, wait_for
+from proc_helpers import trickle
 from test_gateway_reliability import _metric, addr, assert_json_error, connect
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
@@ -230,31 +231,11 @@ def test_an_authenticated_request_whose_body_is_arriving_keeps_its_connection(ca
 
 
 # ----------------------------------------------------------------- head deadlines
-def trickle(s: socket.socket, byte: bytes) -> tuple[bytes, float]:
-    """Send ``byte`` every quarter second until the gateway closes the connection (bounded by ten deadlines);
-    what it answered and how long it took."""
-    s.settimeout(0.25)
-    t0 = time.monotonic()
-    data = b""
-    while time.monotonic() - t0 < 10 * HEAD_TIMEOUT_S:
-        try:
-            s.sendall(byte)
-            chunk = s.recv(65536)
-        except TimeoutError:
-            continue
-        except (BrokenPipeError, ConnectionResetError):
-            break
-        if not chunk:
-            break
-        data += chunk
-    return data, time.monotonic() - t0
-
-
 def test_blank_lines_before_a_request_line_have_a_deadline(tight: GatewayProcess) -> None:
     """HTTP lets a request line follow empty lines, and the parser begins no message for them; a client that
     sends only those, a few at a time, must still hit the head deadline (from its first byte)."""
     with connect(tight) as s:
-        data, elapsed = trickle(s, b"\r\n")
+        data, elapsed = trickle(s, b"\r\n", 10 * HEAD_TIMEOUT_S)
     assert data, f"the gateway kept a connection sending only blank lines open for {elapsed:.1f} s"
     assert_json_error(*parse(data), 408, "head-timeout")
     assert elapsed >= HEAD_TIMEOUT_S * 0.95, elapsed
@@ -264,7 +245,7 @@ def test_a_head_trickling_while_the_gateway_reads_still_times_out(tight: Gateway
     """Bytes that keep coming do not extend the deadline: it runs from the head's first byte."""
     with connect(tight) as s:
         s.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\nX-Slow: ")
-        data, elapsed = trickle(s, b"a")
+        data, elapsed = trickle(s, b"a", 10 * HEAD_TIMEOUT_S)
     assert_json_error(*parse(data), 408, "head-timeout")
     assert HEAD_TIMEOUT_S * 0.95 <= elapsed < 5 * HEAD_TIMEOUT_S, elapsed
 
