@@ -9,6 +9,7 @@ on a real redis-server) in front of the real emulator, which generates exactly w
 * Each spelling of the output limit, streamed and not, with the client reading to the end or leaving early:
   the bucket is charged the prompt and the tokens the backend delivered to the gateway — at least what the
   client read, at most what the emulator generated (and a chat stream's role event).
+* A stream the backend stops mid-way, silent past ``backend_timeout_s`` or killed: charged what came.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from __future__ import annotations
 import http.client
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -51,18 +52,21 @@ def mode(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[dict[str, A
         rs.stop()
 
 
-def gateway(tmp: Path, emu: Emulator, mode: dict[str, Any], rate: float, burst: int) -> GatewayProcess:
+def gateway(tmp: Path, emu: Emulator, mode: dict[str, Any], rate: float, burst: int, **cfg: Any) -> GatewayProcess:
     env = {"target": "*", "tokens_per_s": rate, "token_burst": burst}
-    return GatewayProcess(tmp, emu.url, {**mode, "tenants": [tenant_cfg("t", limit=4, max_queue=0, envelopes=[env])]})
+    return GatewayProcess(tmp, emu.url, {**mode, **cfg,
+                                         "tenants": [tenant_cfg("t", limit=4, max_queue=0, envelopes=[env])]})
 
 
 def model(emu: Emulator) -> str:
     return str(emu.json("GET", "/v1/models")[1]["data"][0]["id"])
 
 
-def ask(g: GatewayProcess, path: str, body: dict[str, Any], leave_after: int | None = None) -> tuple[int, int, Any]:
+def ask(g: GatewayProcess, path: str, body: dict[str, Any], leave_after: int | None = None,
+        at: tuple[int, Callable[[], object]] | None = None) -> tuple[int, int, Any]:
     """One request through the gateway: (status, output tokens the client read, usage if it got one). With
-    ``leave_after``, a streamed answer's client closes the connection once it has read that many tokens."""
+    ``leave_after``, a streamed answer's client closes the connection once it has read that many tokens; with
+    ``at = (k, act)``, ``act()`` runs once the client has read k tokens, and it reads on to the end."""
     host, port = g.url.removeprefix("http://").split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=120)
     try:
@@ -82,6 +86,8 @@ def ask(g: GatewayProcess, path: str, body: dict[str, Any], leave_after: int | N
                 usage = event["usage"]
             choice = (event.get("choices") or [{}])[0]
             read += bool(choice.get("text") or choice.get("delta", {}).get("content"))
+            if at is not None and read == at[0]:
+                at[1]()
             if leave_after is not None and read >= leave_after:
                 break
         return r.status, read, usage
@@ -190,3 +196,42 @@ def test_a_chat_request_naming_no_limit_is_charged_the_context_until_it_ends(tmp
         wait_for(lambda: round(100_000 - bucket(g)) == used, 30, f"the charge to be settled to {used}")
     finally:
         g.stop()
+
+
+STOPPED = {"model": "", "messages": [{"role": "user", "content": "hello"}], "max_completion_tokens": 2000,
+           "ignore_eos": True, "stream": True}
+STOPPED_PROMPT = 1 + 4 + (4 + 1)
+
+
+def test_a_stream_the_backend_leaves_silent_is_charged_what_came(
+        tmp_path: Path, emu: Emulator, mode: dict[str, Any]) -> None:
+    g = gateway(tmp_path, emu, mode, rate=0.001, burst=100_000, backend_timeout_s=1)
+    try:
+        before = generated(emu)
+        pause = lambda: emu.json("POST", "/admin/faults", {"paused": True})  # noqa: E731
+        status, read, _ = ask(g, "/v1/chat/completions", {**STOPPED, "model": model(emu)}, at=(20, pause))
+        assert status == 200 and 20 <= read < 2000  # the gateway ended the stream: the backend was silent
+        made = generated(emu) - before
+        lo, hi = STOPPED_PROMPT + read, STOPPED_PROMPT + made + 1
+        wait_for(lambda: lo <= round(100_000 - bucket(g)) <= hi, 30, f"the charge to be settled within [{lo}, {hi}]")
+        assert [x["outcome"] for x in g.request_log()] == ["backend-broken"]
+    finally:
+        emu.json("POST", "/admin/faults", {"paused": False})
+        g.stop()
+
+
+def test_a_stream_whose_backend_dies_is_charged_what_came(tmp_path: Path, mode: dict[str, Any]) -> None:
+    doomed = start_emulator("--max-model-len", str(CONTEXT))
+    g = gateway(tmp_path, doomed, mode, rate=0.001, burst=100_000)
+    try:
+        status, read, _ = ask(g, "/v1/chat/completions", {**STOPPED, "model": model(doomed)},
+                              at=(20, doomed.proc.kill))
+        assert status == 200 and 20 <= read < 2000
+        upfront = STOPPED_PROMPT + 2000
+        charged = wait_for(lambda: c if (c := round(100_000 - bucket(g))) < upfront else None, 30,
+                           "the up-front charge to be settled")
+        assert STOPPED_PROMPT + read <= charged, (charged, read)
+        assert [x["outcome"] for x in g.request_log()] == ["backend-broken"]
+    finally:
+        g.stop()
+        doomed.stop()
