@@ -9,7 +9,7 @@ Three sources:
   backend's own admission refused it, e.g. vLLM's ``--max-num-queued-reqs``). Other backend failures and
   clients that leave are none of these (the simulator has no such events) and do not enter the windows.
 * **the backend's /metrics** (vLLM, or the emulator that mimics it), scraped every ``scrape_interval_s`` and
-  parsed with prometheus_client's parser: ``vllm:kv_cache_usage_perc`` → ``gpu_mem_util`` (the token
+  parsed with core/metrics_page.py: ``vllm:kv_cache_usage_perc`` → ``gpu_mem_util`` (the token
   engine's KV usage, the same meaning as in the simulator), ``vllm:num_requests_running`` /
   ``vllm:num_requests_waiting`` → ``engine_running`` / ``engine_waiting`` (summed over engines, KV usage the
   mean), ``vllm:num_preemptions_total`` → ``preemptions`` in the window (the counter's growth), and
@@ -42,22 +42,17 @@ from collections.abc import Sequence
 from typing import Any
 
 import aiohttp
+from admit.core.metrics_page import KV, PREEMPTIONS, RUNNING, TTFT, WAITING, samples
 from admit.core.observation import Observation
 from admit.core.percentiles import histogram_quantile
 from admit.core.slo import is_good, tpot
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.core.telemetry import PreemptionWindow, TenantTokens, TenantWindows, build_observation
 from admit.gateway.config import GatewayConfig
-from prometheus_client.parser import text_string_to_metric_families
 
 log = logging.getLogger("admit.gateway.telemetry")
 
-KV = "vllm:kv_cache_usage_perc"
-PREEMPTIONS = "vllm:num_preemptions_total"
-RUNNING = "vllm:num_requests_running"
-WAITING = "vllm:num_requests_waiting"
-TTFT = "vllm:time_to_first_token_seconds"
-
+ENGINE_SERIES = frozenset({KV, RUNNING, WAITING, PREEMPTIONS, TTFT + "_bucket"})  # what a scrape reads
 REJECTIONS = frozenset({"queue-full", "envelope-empty", "backend-busy"})
 DROPS = frozenset({"ttl-expired"})
 
@@ -82,22 +77,19 @@ def parse_engine_metrics(text: str) -> dict[str, Any]:
     running = waiting = preemptions = 0.0
     seen: set[str] = set()
     buckets: dict[float, float] = {}
-    for fam in text_string_to_metric_families(text):
-        for s in fam.samples:
-            if s.name == KV:
-                kv.append(s.value)
-            elif s.name == RUNNING:
-                running += s.value
-            elif s.name == WAITING:
-                waiting += s.value
-            elif s.name == PREEMPTIONS:
-                preemptions += s.value
-            elif s.name == TTFT + "_bucket":
-                le = float(s.labels["le"])
-                buckets[le] = buckets.get(le, 0.0) + s.value
-            else:
-                continue
-            seen.add(s.name)
+    for s in samples(text, ENGINE_SERIES):
+        if s.name == KV:
+            kv.append(s.value)
+        elif s.name == RUNNING:
+            running += s.value
+        elif s.name == WAITING:
+            waiting += s.value
+        elif s.name == PREEMPTIONS:
+            preemptions += s.value
+        else:
+            le = float(s.labels["le"])
+            buckets[le] = buckets.get(le, 0.0) + s.value
+        seen.add(s.name)
     return {
         "kv": sum(kv) / len(kv) if kv else None,
         "running": running if RUNNING in seen else None,

@@ -22,7 +22,6 @@ from __future__ import annotations
 import http.client
 import json
 import os
-import re
 import secrets
 import statistics
 import threading
@@ -34,6 +33,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
+from admit.core import metrics_page
 from admit.engine.calibration import StepSample, fit_measured, predict_sample
 
 WORD = " hello"  # one token in SmolLM2's (and most BPE) vocabularies; the count is read back from usage
@@ -98,11 +98,10 @@ class Backend:
         """What the simulator's preset needs of the server: KV blocks and block size (``cache_config_info``),
         max_model_len (/v1/models), and the scheduler limits it was started with (not in /metrics: given)."""
         with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        info = next((x for x in text.splitlines() if x.startswith("vllm:cache_config_info{")), None)
-        if info is None:
-            raise RuntimeError("the server's /metrics has no vllm:cache_config_info (is it vLLM?)")
-        labels = dict(re.findall(r'(\w+)="([^"]*)"', info))
+            info = metrics_page.samples(r.read().decode(), (metrics_page.CACHE_INFO,))
+        if not info:
+            raise RuntimeError(f"the server's /metrics has no {metrics_page.CACHE_INFO} (is it vLLM?)")
+        labels = info[0].labels
         with urllib.request.urlopen(self.base + "/v1/models", timeout=10) as r:
             card = next(m for m in json.loads(r.read())["data"] if m["id"] == self.model)
         blocks, block = int(labels["num_gpu_blocks"]), int(labels["block_size"])
@@ -113,12 +112,7 @@ class Backend:
 
     def idle(self) -> bool:
         with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        busy = 0.0
-        for line in text.splitlines():
-            if line.startswith(("vllm:num_requests_running", "vllm:num_requests_waiting{")):
-                busy += float(line.rsplit(" ", 1)[1])
-        return busy == 0
+            return metrics_page.in_engine(r.read().decode()) == 0
 
 
 def cpu_name() -> str:

@@ -30,6 +30,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+from admit.core import metrics_page
 from admit.engine.presets import overriding, preset_from_calibration
 from admit.envs.family import scenario_load
 from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
@@ -100,11 +101,8 @@ def wait_idle(backend: str, timeout_s: float = 300.0) -> None:
     deadline = time.monotonic() + timeout_s
     while True:
         with urllib.request.urlopen(backend.rstrip("/") + "/metrics", timeout=10) as r:
-            text = r.read().decode()
-        busy = sum(float(x.rsplit(" ", 1)[1]) for x in text.splitlines()
-                   if x.startswith(("vllm:num_requests_running{", "vllm:num_requests_waiting{")))
-        if busy == 0:
-            return
+            if metrics_page.in_engine(r.read().decode()) == 0:
+                return
         if time.monotonic() > deadline:
             raise StackError(f"the server at {backend} stayed busy for {timeout_s:g} s")
         time.sleep(0.5)

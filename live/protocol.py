@@ -65,6 +65,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from admit.core import metrics_page
+from admit.core.metrics_page import E2E, KV, PREEMPTIONS, RUNNING, WAITING
 from admit.engine.presets import overriding, preset_from_calibration
 from admit.engine.request import Request
 from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
@@ -224,10 +226,10 @@ class BackendSampler:
     cache's usage (``vllm:kv_cache_usage_perc``, its mean and peak over the samples), preemptions
     (``vllm:num_preemptions_total``, the increase), requests running and waiting at once (peak) and the
     backend's own request latency (``vllm:e2e_request_latency_seconds``: sum and count increases, so a mean
-    over the requests it finished). A scrape that fails is counted, never fatal."""
+    over the requests it finished). A scrape that fails (no answer, or not Prometheus text) is counted, never
+    fatal."""
 
-    FAMILIES = ("vllm:kv_cache_usage_perc", "vllm:num_preemptions", "vllm:num_requests_running",
-                "vllm:num_requests_waiting", "vllm:e2e_request_latency_seconds")
+    SERIES = (KV, PREEMPTIONS, RUNNING, WAITING, E2E + "_sum", E2E + "_count")
 
     def __init__(self, url: str, every_s: float = 1.0) -> None:
         self.url = url.rstrip("/") + "/metrics"
@@ -238,25 +240,12 @@ class BackendSampler:
         self._thread = threading.Thread(target=self._loop, name="backend-sampler", daemon=True)
 
     def scrape(self) -> dict[str, float] | None:
-        from prometheus_client.parser import text_string_to_metric_families
-
         try:
             with urllib.request.urlopen(self.url, timeout=5) as r:
-                text = r.read().decode()
-        except OSError:
+                return metrics_page.sums(r.read().decode(), self.SERIES)  # summed over engines and models
+        except (OSError, UnicodeDecodeError, metrics_page.MetricsPageError):  # unreachable, or not a /metrics page
             self.failures += 1
             return None
-        got: dict[str, float] = {}
-        for fam in text_string_to_metric_families(text):
-            if fam.name not in self.FAMILIES:
-                continue
-            for smp in fam.samples:
-                key = {"vllm:e2e_request_latency_seconds_sum": "e2e_sum",
-                       "vllm:e2e_request_latency_seconds_count": "e2e_count"}.get(smp.name, fam.name)
-                if key.endswith("_bucket") or smp.name.endswith(("_bucket", "_created")):
-                    continue
-                got[key] = got.get(key, 0.0) + float(smp.value)  # summed over engines and models
-        return got
 
     def _loop(self) -> None:
         while not self._stop.is_set():
@@ -280,10 +269,9 @@ class BackendSampler:
         def col(k: str) -> list[float]:
             return [x[k] for x in self.samples if k in x]
 
-        kv = col("vllm:kv_cache_usage_perc")
-        pre, e2s, e2n = col("vllm:num_preemptions"), col("e2e_sum"), col("e2e_count")
-        busy = [x.get("vllm:num_requests_running", 0.0) + x.get("vllm:num_requests_waiting", 0.0)
-                for x in self.samples]
+        kv = col(KV)
+        pre, e2s, e2n = col(PREEMPTIONS), col(E2E + "_sum"), col(E2E + "_count")
+        busy = [x.get(RUNNING, 0.0) + x.get(WAITING, 0.0) for x in self.samples]
         done = e2n[-1] - e2n[0] if len(e2n) > 1 else 0.0
         return {"samples": len(self.samples), "scrape_failures": self.failures,
                 "kv_usage_mean": round(sum(kv) / len(kv), 4) if kv else None,
