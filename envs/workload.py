@@ -17,15 +17,14 @@ the workload is exogenous, so two policies run on one seed see exactly the same 
 
 from __future__ import annotations
 
-import csv
 import math
-from datetime import datetime
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Literal
 
 import numpy as np
+from admit.core import traces
 from admit.core.workload import (
     MMPP,
     Constant,
@@ -96,8 +95,9 @@ class Trace(Spec):
     """Replay a trace: a builtin name (``azure-2023-code``, ``azure-2023-conv``) or a CSV path.
 
     A CSV needs a header with a time column (seconds, or ``YYYY-MM-DD HH:MM:SS.fff`` timestamps) and
-    token columns. Times are shifted so the first request arrives at ``offset_s`` and divided by
-    ``speedup``; with ``loop`` the trace repeats until the horizon. Request sizes come from the trace.
+    token columns (core/traces.py reads it, as the load generator does). Times are shifted so the first request
+    arrives at ``offset_s`` and divided by ``speedup``; with ``loop`` the trace repeats until the horizon.
+    Request sizes come from the trace.
 
     A replayed trace is the same on every seed. ``random_shift_max_s`` > 0 makes seeds differ while
     keeping the real arrivals: the trace is rotated circularly by a shift drawn uniformly from
@@ -140,61 +140,19 @@ ArrivalSpec = Annotated[
 
 
 # --------------------------------------------------------------------------- traces
-def _parse_time(value: str) -> float:
-    try:
-        return float(value)
-    except ValueError:
-        pass
-    # 7 fractional digits do not fit datetime's microseconds: cut to 6
-    head, _, frac = value.partition(".")
-    dt = datetime.strptime(head, "%Y-%m-%d %H:%M:%S")
-    return dt.timestamp() + (float("0." + frac) if frac else 0.0)
-
-
-_TIME_COLS = ("TIMESTAMP", "timestamp", "arrival", "arrived_at", "time")
-_PROMPT_COLS = ("ContextTokens", "prompt_tokens", "num_prefill_tokens", "input_tokens")
-_OUTPUT_COLS = ("GeneratedTokens", "output_tokens", "num_decode_tokens", "generated_tokens")
-
-
 @lru_cache(maxsize=16)
 def load_trace(source: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Read a trace into (seconds from first arrival, prompt tokens, output tokens), sorted by time."""
+    """Read a trace (a builtin name or a CSV path) into (seconds from first arrival, prompt tokens, output
+    tokens), sorted by time: core/traces.py's reader, the one the load generator replays with."""
     if source in BUILTIN_TRACES:
         ref = resources.files("admit.envs").joinpath("data", *BUILTIN_TRACES[source].split("/"))
-        text = ref.read_text()
-        name = source
-    else:
-        path = Path(source)
-        if not path.is_file():
-            raise ValueError(
-                f"trace {source!r} is neither a builtin trace ({', '.join(BUILTIN_TRACES)}) nor a readable file"
-            )
-        text = path.read_text()
-        name = str(path)
-    reader = csv.DictReader(text.splitlines())
-    cols = reader.fieldnames or []
-
-    def pick(options: tuple[str, ...], what: str) -> str:
-        for c in options:
-            if c in cols:
-                return c
-        raise ValueError(f"trace {name}: no {what} column; expected one of {options}, found {cols}")
-
-    tc, pc, oc = pick(_TIME_COLS, "time"), pick(_PROMPT_COLS, "prompt-token"), pick(_OUTPUT_COLS, "output-token")
-    times, prompt, output = [], [], []
-    for lineno, row in enumerate(reader, start=2):
-        try:
-            times.append(_parse_time(row[tc]))
-            prompt.append(max(1, int(row[pc])))
-            output.append(max(1, int(row[oc])))
-        except (TypeError, ValueError) as e:
-            raise ValueError(f"trace {name} line {lineno}: cannot parse {row!r}: {e}") from e
-    if not times:
-        raise ValueError(f"trace {name} has no rows")
-    t = np.asarray(times, dtype=np.float64)
-    order = np.argsort(t, kind="stable")
-    t = t[order] - t[order][0]
-    return t, np.asarray(prompt, dtype=np.int64)[order], np.asarray(output, dtype=np.int64)[order]
+        return traces.read_csv(ref.read_text(), source)
+    path = Path(source)
+    if not path.is_file():
+        raise ValueError(
+            f"trace {source!r} is neither a builtin trace ({', '.join(BUILTIN_TRACES)}) nor a readable file"
+        )
+    return traces.read_csv(path.read_text(), str(path))
 
 
 # --------------------------------------------------------------------------- one tenant's draw

@@ -3,7 +3,9 @@
 Two formats are read:
 
 * the Azure LLM inference trace 2023 CSV, columns ``TIMESTAMP,ContextTokens,GeneratedTokens`` where
-  ``TIMESTAMP`` is a date-time string (e.g. ``2023-11-16 18:15:46.6805900``) or a number of seconds;
+  ``TIMESTAMP`` is a date-time string (e.g. ``2023-11-16 18:15:46.6805900``) or a number of seconds (the other
+  column names core/traces.py knows are read too: it is the simulator's reader as well, so both replay the
+  same requests);
 * a JSON-lines request log with one object per request and the keys ``tenant``, ``arrival`` (seconds,
   absolute or relative), ``prompt_tokens`` and ``output_tokens``.
 
@@ -13,17 +15,15 @@ the stage duration.
 
 from __future__ import annotations
 
-import csv
 import json
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 
 import numpy as np
+from admit.core import traces
 from admit.loadgen.arrivals import NS
 
 JSONL_KEYS = ("tenant", "arrival", "prompt_tokens", "output_tokens")
-AZURE_COLUMNS = ("TIMESTAMP", "ContextTokens", "GeneratedTokens")
 
 
 @dataclass(frozen=True)
@@ -46,51 +46,10 @@ class Trace:
         return np.floor(self.arrivals * NS).astype(np.int64)
 
 
-def _timestamp(text: str, path: Path, line: int) -> float:
-    try:
-        return float(text)
-    except ValueError:
-        pass
-    cleaned = text.strip()
-    if "." in cleaned:  # Python parses at most 6 fractional digits; the Azure trace has 7
-        head, frac = cleaned.split(".", 1)
-        cleaned = f"{head}.{frac[:6]}"
-    try:
-        return datetime.fromisoformat(cleaned).timestamp()
-    except ValueError:
-        raise ValueError(f"{path}:{line}: TIMESTAMP {text!r} is neither seconds nor a date-time") from None
-
-
-def _build(arr: list[float], prompt: list[int], out: list[int], path: Path) -> Trace:
-    if not arr:
-        raise ValueError(f"{path}: the trace has no requests")
-    a = np.asarray(arr, dtype=np.float64)
-    order = np.argsort(a, kind="stable")
-    a = a[order] - a[order][0]
-    p = np.maximum(np.asarray(prompt, dtype=np.int64)[order], 1)
-    o = np.maximum(np.asarray(out, dtype=np.int64)[order], 1)
-    return Trace(a, p, o)
-
-
 def read_azure_csv(path: str | Path) -> Trace:
     """Read an Azure 2023 trace CSV (see module docstring)."""
     path = Path(path)
-    arr: list[float] = []
-    prompt: list[int] = []
-    out: list[int] = []
-    with path.open(newline="") as fh:
-        reader = csv.DictReader(fh)
-        missing = [c for c in AZURE_COLUMNS if c not in (reader.fieldnames or [])]
-        if missing:
-            raise ValueError(f"{path}: missing column(s) {', '.join(missing)}; expected {', '.join(AZURE_COLUMNS)}")
-        for line, row in enumerate(reader, start=2):
-            arr.append(_timestamp(row["TIMESTAMP"], path, line))
-            try:
-                prompt.append(int(row["ContextTokens"]))
-                out.append(int(row["GeneratedTokens"]))
-            except ValueError:
-                raise ValueError(f"{path}:{line}: ContextTokens and GeneratedTokens must be integers") from None
-    return _build(arr, prompt, out, path)
+    return Trace(*traces.read_csv(path.read_text(), str(path)))
 
 
 def read_jsonl(path: str | Path, tenant: str | None = None) -> Trace:
@@ -121,7 +80,7 @@ def read_jsonl(path: str | Path, tenant: str | None = None) -> Trace:
                 raise ValueError(
                     f"{path}:{line}: arrival must be a number, prompt_tokens/output_tokens integers"
                 ) from None
-    return _build(arr, prompt, out, path)
+    return Trace(*traces.relative(arr, prompt, out, str(path)))
 
 
 def read_trace(path: str | Path, tenant: str | None = None) -> Trace:

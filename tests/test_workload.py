@@ -74,7 +74,7 @@ def test_bad_trace_errors_name_the_problem(tmp_path):
         load_trace(str(tmp_path / "missing.csv"))
     f = tmp_path / "bad.csv"
     f.write_text("when,prompt_tokens,output_tokens\n0,1,1\n")
-    with pytest.raises(ValueError, match="no time column"):
+    with pytest.raises(ValueError, match=r"missing column\(s\) TIMESTAMP "):
         load_trace(str(f))
     g = tmp_path / "bad2.csv"
     g.write_text("arrival,prompt_tokens,output_tokens\n0,abc,1\n")
