@@ -19,14 +19,15 @@ from __future__ import annotations
 
 import math
 
-from pydantic import BaseModel, ConfigDict, Field
+from admit.core.schema import StrictModel
+from pydantic import Field
 
 
-class SLO(BaseModel):
-    """One tenant's objectives (see the module docstring); every field is optional, seconds, > 0, finite."""
+class SLO(StrictModel):
+    """One tenant's objectives (see the module docstring); every field is optional, seconds, > 0, finite.
 
-    # no infinity: "no objective" is written by leaving the key out, so a file has one way to say it
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+    No infinity (core/schema.py): "no objective" is written by leaving the key out, so a file has one way to
+    say it."""
 
     ttft_s: float | None = Field(default=None, gt=0)
     tpot_s: float | None = Field(default=None, gt=0)

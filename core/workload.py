@@ -44,7 +44,8 @@ from collections.abc import Callable
 from typing import Annotated, Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from admit.core.schema import StrictModel
+from pydantic import Field, model_validator
 
 # one definition of each shared parameter, so every process that has it checks it the same way
 Rate = Annotated[float, Field(gt=0, description="requests per second")]
@@ -53,10 +54,9 @@ RateStart = Annotated[float, Field(ge=0, description="ramp: requests per second 
 Cap = Annotated[int | None, Field(ge=1, description="the largest size drawn (none: no cap)")]
 
 
-class Spec(BaseModel):
-    """A workload model: strict keys, immutable, finite numbers only (an infinite rate or size is a typo)."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+class Spec(StrictModel):
+    """A workload model: strict keys, immutable, finite numbers only (core/schema.py; an infinite rate or size is a
+    typo)."""
 
 
 # --------------------------------------------------------------------------- request sizes

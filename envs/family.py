@@ -46,6 +46,7 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 from admit.core.config import error_lines
+from admit.core.schema import StrictModel
 from admit.core.slo import SLO
 from admit.core.workload import MMPP, Constant, Diurnal, Gamma, LognormalSize, Poisson, Ramp
 from admit.engine.capacity import Mix, mix_capacity_rps
@@ -61,7 +62,7 @@ from admit.envs.scenario import (
     parse_scenario,
 )
 from admit.envs.workload import ArrivalSpec, SizeSpec, Trace, load_trace
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
+from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from scipy import special
 
 FAMILY_STREAM = 0xFA417  # the instance stream's tag: instance draws never coincide with an episode's
@@ -88,11 +89,7 @@ class FamilyError(ScenarioError):
     """A family file or an instance name that cannot be used; the message says what and what is allowed."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-
-class SeedRange(_Model):
+class SeedRange(StrictModel):
     first: int = Field(ge=0)
     last: int = Field(ge=0)
 
@@ -114,7 +111,7 @@ class SeedRange(_Model):
         return list(range(self.first, last + 1))
 
 
-class Seeds(_Model):
+class Seeds(StrictModel):
     train: SeedRange
     validation: SeedRange
     test: SeedRange
@@ -134,7 +131,7 @@ class Seeds(_Model):
         return ", ".join(f"{s} {getattr(self, s)}" for s in SPLITS)
 
 
-class CountRange(_Model):
+class CountRange(StrictModel):
     min: int = Field(ge=1)
     max: int = Field(ge=1)
 
@@ -145,7 +142,7 @@ class CountRange(_Model):
         return self
 
 
-class LoadRange(_Model):
+class LoadRange(StrictModel):
     min: float = Field(gt=0)
     max: float = Field(gt=0)
 
@@ -156,14 +153,14 @@ class LoadRange(_Model):
         return self
 
 
-class Split(_Model):
+class Split(StrictModel):
     """How an instance's load is split between its tenants: Dirichlet shares, each at least ``min_share``."""
 
     concentration: float = Field(default=1.0, gt=0)
     min_share: float = Field(default=0.0, ge=0, lt=1)
 
 
-class ServeGenBlock(_Model):
+class ServeGenBlock(StrictModel):
     """ServeGen clients to draw from: arrivals from the client's table, lognormal sizes fitted to its
     published p50/p99 lengths at the instance's start (envs/servegen.py), prompts capped at ``max_tokens``,
     outputs at half that. A client is drawn only where it is active (arrivals in the horizon) and where the
@@ -186,7 +183,7 @@ class ServeGenBlock(_Model):
         return self
 
 
-class Block(_Model):
+class Block(StrictModel):
     """A tenant template: ``tenant`` (a scenario tenant without name and slo, rates at any scale) or
     ``servegen`` (clients of the ServeGen table)."""
 
@@ -195,7 +192,7 @@ class Block(_Model):
     tiers: dict[str, float] = Field(min_length=1)
     tenant: dict[str, Any] | None = None
     servegen: ServeGenBlock | None = None
-    vary: dict[str, tuple[float, float]] = {}
+    vary: dict[str, tuple[float, float]] = Field(default_factory=dict)
 
     @model_validator(mode="after")
     def _shape(self) -> Block:
@@ -211,19 +208,19 @@ class Block(_Model):
         return self
 
 
-class FixedPart(_Model):
+class FixedPart(StrictModel):
     """What every instance shares: a scenario without name, description and tenants."""
 
     horizon_s: float = Field(gt=0)
     interval_s: float = Field(gt=0)
     window_s: float = Field(gt=0)
     engine: dict[str, Any]
-    admission: dict[str, Any] = {}
-    limits: dict[str, Any] = {}
-    reward: dict[str, Any] = {}
+    admission: dict[str, Any] = Field(default_factory=dict)
+    limits: dict[str, Any] = Field(default_factory=dict)
+    reward: dict[str, Any] = Field(default_factory=dict)
 
 
-class Family(_Model):
+class Family(StrictModel):
     name: str = Field(min_length=1, pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
     description: str = ""
     seeds: Seeds

@@ -19,21 +19,18 @@ from typing import Annotated, Literal
 
 import yaml
 from admit.core.config import ConfigError, error_lines
+from admit.core.schema import StrictModel, Unbounded
 from admit.core.slo import SLO
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.envs.workload import ArrivalSpec, SizeSpec, Trace
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, model_validator
 
 
 class ScenarioError(ConfigError):
     """A scenario could not be found or is invalid; the message says what and what is allowed."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
-class TenantConfig(_Model):
+class TenantConfig(StrictModel):
     name: str = Field(min_length=1)
     arrival: ArrivalSpec
     prompt_tokens: SizeSpec | None = None
@@ -42,7 +39,7 @@ class TenantConfig(_Model):
     weight: float = Field(default=1.0, gt=0)
     priority: int = 0
     max_queue: int | None = Field(default=None, ge=0)
-    queue_timeout_s: float | None = Field(default=None, gt=0)
+    queue_timeout_s: Unbounded | None = Field(default=None, gt=0)  # none: the scenario's admission.queue_timeout_s
 
     @model_validator(mode="after")
     def _sizes(self) -> TenantConfig:
@@ -53,14 +50,14 @@ class TenantConfig(_Model):
         return self
 
 
-class SlotEngineConfig(_Model):
+class SlotEngineConfig(StrictModel):
     kind: Literal["slot"] = "slot"
     slots: int = Field(ge=1)
     mean_service_s: float = Field(gt=0)
     distribution: Literal["exponential", "deterministic"] = "exponential"
 
 
-class TokenEngineConfig(_Model):
+class TokenEngineConfig(StrictModel):
     kind: Literal["token"] = "token"
     preset: str = "h200-llama3-8b"
     max_num_batched_tokens: int | None = Field(default=None, ge=1)
@@ -70,12 +67,12 @@ class TokenEngineConfig(_Model):
 EngineConfig = Annotated[SlotEngineConfig | TokenEngineConfig, Field(discriminator="kind")]
 
 
-class AdmissionConfig(_Model):
-    queue_timeout_s: float = Field(default=math.inf, gt=0)
+class AdmissionConfig(StrictModel):
+    queue_timeout_s: Unbounded = Field(default=math.inf, gt=0)  # inf (the default): a queued request never expires
     max_queue: int = Field(default=1_000_000, ge=0)
 
 
-class LimitsConfig(_Model):
+class LimitsConfig(StrictModel):
     min: int = Field(default=1, ge=0)
     max: int = Field(default=16, ge=1)
     initial: int = Field(default=4, ge=0)
@@ -88,7 +85,7 @@ class LimitsConfig(_Model):
         return self
 
 
-class RewardConfig(_Model):
+class RewardConfig(StrictModel):
     """reward = throughput·completions/s + goodput·good/s − slo_violation·violations/s − drop·drops/s − cost·Σlimits.
 
     ``goodput`` (default 0) rewards the requests that met every per-request objective (core/slo.py): what
@@ -106,7 +103,7 @@ class RewardConfig(_Model):
     tenant_weights: bool = False
 
 
-class Scenario(_Model):
+class Scenario(StrictModel):
     name: str
     description: str = ""
     horizon_s: float = Field(gt=0)

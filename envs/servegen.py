@@ -22,7 +22,8 @@ from importlib import resources
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from admit.core.schema import StrictModel
+from pydantic import Field
 
 WINDOW_S = 600.0
 _Z99 = 2.3263478740408408  # standard normal 99th percentile
@@ -74,10 +75,8 @@ def client_volume(client_id: int) -> float:
     return sum(rate * WINDOW_S for _, rate, _, _, _ in _windows()[client_id])
 
 
-class ServeGenArrivals(BaseModel):
+class ServeGenArrivals(StrictModel):
     """Arrivals of one ServeGen client, from ``start_s`` into its 14-day table, rates × ``rate_scale``."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
 
     kind: Literal["servegen"] = "servegen"
     client_id: int = Field(ge=0)

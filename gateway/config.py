@@ -38,20 +38,15 @@ from typing import Any, ClassVar, Literal
 import yaml
 from admit.core import config as core_config
 from admit.core.config import renamed_keys
+from admit.core.schema import StrictModel
 from admit.core.slo import SLO
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 ENVELOPE_TARGET_ANY = "*"
 
 
 class ConfigError(core_config.ConfigError):
     """A configuration file that cannot be used; the message names the key and what is allowed."""
-
-
-class _Strict(BaseModel):
-    # no NaN or infinity anywhere: such a value would reach the request path (or Redis) as an error, and
-    # strict JSON parsers reject it in /admin/state and the audit log
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 # The documented range of every envelope value (docs/gateway.md). The bounds keep the GCRA arithmetic finite
@@ -96,7 +91,7 @@ def _shown(v: Any) -> str:
     return text if len(text) <= 100 else text[:97] + "..."
 
 
-class EnvelopeConfig(_Strict):
+class EnvelopeConfig(StrictModel):
     """A rate envelope of one tenant towards one target (a model name, or ``*`` for every model). The target
     is checked here for every source alike (the configuration file, the admin API, Redis): ``*`` or
     ENVELOPE_TARGET_CHARS only.
@@ -148,7 +143,10 @@ RENAMED_TENANT_KEYS = {
 }
 
 
-class TenantConfig(_Strict):
+class TenantConfig(StrictModel):
+    """One tenant as the gateway admits it: its API keys, concurrency limit, queue, borrowing, rate envelopes
+    and the objectives the control loop's Observation carries."""
+
     name: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_.-]+$")
     api_keys: tuple[str, ...] = ()
     # an environment variable holding the tenant's API keys, comma-separated (a Kubernetes Secret's value), so
@@ -211,12 +209,12 @@ class TenantConfig(_Strict):
         return v
 
 
-class AuthConfig(_Strict):
+class AuthConfig(StrictModel):
     mode: Literal["api_key", "trusted_header"] = "api_key"
     header: str = Field(default="x-admit-tenant", min_length=1)
 
 
-class _TokenConfig(_Strict):
+class _TokenConfig(StrictModel):
     """A bearer token given inline (``token``) or, better, in an environment variable (``token_env``)."""
 
     token: str | None = Field(default=None, min_length=16)
@@ -238,7 +236,7 @@ class AdminConfig(_TokenConfig):
     _key: ClassVar[str] = "admin"
 
 
-class RedisConfig(_Strict):
+class RedisConfig(StrictModel):
     """State shared by several gateway replicas: leases, limits and rate envelopes (gateway/redis/admission.py,
     gateway/redis/envelopes.py, docs/gateway.md). ``failure_mode`` applies to the leases and the envelopes."""
 
@@ -251,7 +249,7 @@ class RedisConfig(_Strict):
     retry_after_s: float = Field(default=1.0, ge=0)
 
 
-class TelemetryConfig(_Strict):
+class TelemetryConfig(StrictModel):
     """Where the Observation's engine gauges come from and when they count as stale (gateway/telemetry.py)."""
 
     metrics_url: str | None = Field(default=None, pattern=r"^https?://")  # default: the backend's /metrics
@@ -262,7 +260,7 @@ class TelemetryConfig(_Strict):
     nvml: bool = True
 
 
-class ConnectionsConfig(_Strict):
+class ConnectionsConfig(StrictModel):
     """Bounds on every client connection, enforced below the ASGI app (gateway/guard.py, docs/gateway.md).
 
     ``max_connections`` (default: from the process's open-file limit, leaving room for the backend pool,
@@ -289,7 +287,7 @@ class MetricsConfig(_TokenConfig):
     _key: ClassVar[str] = "metrics"
 
 
-class ControlConfig(_Strict):
+class ControlConfig(StrictModel):
     """Bounds a control loop started with ``--spec gateway`` uses (its ControlSpec's Limits and interval)."""
 
     min_limit: int = Field(default=1, ge=0)
@@ -298,7 +296,7 @@ class ControlConfig(_Strict):
     interval_s: float = Field(default=3.0, gt=0)
 
 
-class GatewayConfig(_Strict):
+class GatewayConfig(StrictModel):
     auth: AuthConfig = AuthConfig()
     admin: AdminConfig = AdminConfig()
     capacity: int | None = Field(default=None, ge=1)

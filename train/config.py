@@ -30,7 +30,8 @@ from typing import Any, Literal
 
 import yaml
 from admit.core.config import ConfigError
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from admit.core.schema import StrictModel
+from pydantic import Field, ValidationError, model_validator
 
 Algo = Literal["ppo", "a2c", "dqn", "sac"]
 ALGOS: tuple[str, ...] = ("ppo", "a2c", "dqn", "sac")
@@ -40,12 +41,8 @@ class TrainConfigError(ConfigError):
     """A training configuration is invalid; the message names the key and what is allowed."""
 
 
-class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-
 # ------------------------------------------------------------------ per-algorithm hyperparameters
-class PPOParams(_Model):
+class PPOParams(StrictModel):
     learning_rate: float = Field(default=3e-4, gt=0)
     n_steps: int = Field(default=512, ge=2)
     batch_size: int = Field(default=256, ge=2)
@@ -58,7 +55,7 @@ class PPOParams(_Model):
     max_grad_norm: float = Field(default=0.5, gt=0)
 
 
-class A2CParams(_Model):
+class A2CParams(StrictModel):
     learning_rate: float = Field(default=7e-4, gt=0)
     n_steps: int = Field(default=5, ge=1)
     gamma: float = Field(default=0.99, gt=0, le=1)
@@ -68,7 +65,7 @@ class A2CParams(_Model):
     max_grad_norm: float = Field(default=0.5, gt=0)
 
 
-class DQNParams(_Model):
+class DQNParams(StrictModel):
     learning_rate: float = Field(default=1e-4, gt=0)
     buffer_size: int = Field(default=100_000, ge=1)
     learning_starts: int = Field(default=1_000, ge=0)
@@ -81,7 +78,7 @@ class DQNParams(_Model):
     exploration_final_eps: float = Field(default=0.05, ge=0, le=1)
 
 
-class SACParams(_Model):
+class SACParams(StrictModel):
     learning_rate: float = Field(default=3e-4, gt=0)
     buffer_size: int = Field(default=100_000, ge=1)
     learning_starts: int = Field(default=1_000, ge=0)
@@ -92,11 +89,11 @@ class SACParams(_Model):
     gradient_steps: int = Field(default=1, ge=1)
 
 
-HYPERPARAMS: dict[str, type[_Model]] = {"ppo": PPOParams, "a2c": A2CParams, "dqn": DQNParams, "sac": SACParams}
+HYPERPARAMS: dict[str, type[StrictModel]] = {"ppo": PPOParams, "a2c": A2CParams, "dqn": DQNParams, "sac": SACParams}
 
 
 # ------------------------------------------------------------------ the rest of the run
-class PolicyConfig(_Model):
+class PolicyConfig(StrictModel):
     """``kind: mlp`` is SB3's MlpPolicy on the flat observation (one tenant count); ``kind: tenant-set`` is
     admit.agents.set_policy (any 1..8 tenants; PPO or A2C; ``hidden`` wide; needed for ``family``)."""
 
@@ -119,7 +116,7 @@ class PolicyConfig(_Model):
         return self
 
 
-class FamilyPool(_Model):
+class FamilyPool(StrictModel):
     """How many instances of each split an anchored family run draws from (the first seeds of the range)."""
 
     train: int = Field(ge=1, le=1000)
@@ -128,7 +125,7 @@ class FamilyPool(_Model):
                             "static:best's 5 (fewer is cheaper; below 5 they are cached apart, never deployed)")
 
 
-class ImitationConfig(_Model):
+class ImitationConfig(StrictModel):
     """DAgger on static:best's caps before (or instead of) PPO (admit.train.imitation; tenant-set, family_pool)."""
 
     rounds: int = Field(default=3, ge=1, le=50)
@@ -143,7 +140,7 @@ class ImitationConfig(_Model):
                             "static:best's 5 (fewer is cheaper; below 5 they are cached apart, never deployed)")
 
 
-class PairedReward(_Model):
+class PairedReward(StrictModel):
     """The anchored run's paired reward (admit.train.worlds.Paired): the policy's good requests less those of its
     anchors' static caps on the same requests, a tenant short of the anchors' count costing ``1 +
     tenant_penalty`` per request."""
@@ -153,7 +150,7 @@ class PairedReward(_Model):
                              "as a share of its arrivals so far (timing noise, not a loss)")
 
 
-class NormalizeConfig(_Model):
+class NormalizeConfig(StrictModel):
     """VecNormalize: running mean/std of observations (kept with the policy) and of returns (training only)."""
 
     obs: bool = True
@@ -161,7 +158,7 @@ class NormalizeConfig(_Model):
     clip_obs: float = Field(default=10.0, gt=0)
 
 
-class EvalConfig(_Model):
+class EvalConfig(StrictModel):
     """The EvalCallback: every ``freq`` env steps, ``episodes`` episodes on validation seeds."""
 
     freq: int = Field(default=20_000, ge=0, description="env steps between evaluations; 0 = off")
@@ -169,7 +166,7 @@ class EvalConfig(_Model):
     seed_base: int = Field(default=500_000, ge=20)
 
 
-class RewardOverride(_Model):
+class RewardOverride(StrictModel):
     """Reward weights that replace the scenario's own for this training (envs.scenario.RewardConfig; a key
     left out keeps the scenario's weight). ``{throughput: 0, goodput: 1, slo_violation: 0}`` trains on goodput,
     what ``admit evaluate`` judges by."""
@@ -187,7 +184,7 @@ class RewardOverride(_Model):
         return {k: v for k, v in self.model_dump().items() if v is not None}
 
 
-class TrainConfig(_Model):
+class TrainConfig(StrictModel):
     algo: Algo = "ppo"
     scenario: str = "seed-paper"
     timesteps: int = Field(default=100_000, ge=0, description="PPO env steps (0: imitation only)")
@@ -270,7 +267,7 @@ def _message(e: Mapping[str, Any]) -> str:  # a pydantic ErrorDetails
 
 def _allowed_keys(loc: tuple[Any, ...]) -> str:
     """The keys allowed next to an unknown key at ``loc`` (top level or one of the nested sections)."""
-    sections: dict[tuple[Any, ...], type[BaseModel]] = {
+    sections: dict[tuple[Any, ...], type[StrictModel]] = {
         (): TrainConfig,
         ("policy",): PolicyConfig,
         ("normalize",): NormalizeConfig,
