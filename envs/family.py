@@ -56,8 +56,8 @@ from admit.envs.scenario import (
     EngineConfig,
     Scenario,
     ScenarioError,
+    ScenarioTenant,
     SlotEngineConfig,
-    TenantConfig,
     TokenEngineConfig,
     parse_scenario,
 )
@@ -403,7 +403,7 @@ def _trace_mix(source: str) -> Mix:
     return Mix.of_pairs(prompt, output)
 
 
-def tenant_mix(tenant: TenantConfig) -> Mix:
+def tenant_mix(tenant: ScenarioTenant) -> Mix:
     """The tenant's request sizes as the capacity estimate sees them (engine/capacity.py's ``Mix``): a trace
     tenant without size specs by its rows (prompt and output as they went together), else its two specs as
     independent distributions (a spec beside a trace column: that column's rows as a sample)."""
@@ -424,7 +424,7 @@ def tenant_mix(tenant: TenantConfig) -> Mix:
     return Mix.of_independent(p, o)
 
 
-def tenant_sizes(tenant: TenantConfig, n: int = 4096) -> tuple[np.ndarray, np.ndarray]:
+def tenant_sizes(tenant: ScenarioTenant, n: int = 4096) -> tuple[np.ndarray, np.ndarray]:
     """``n`` (prompt, output) pairs like the tenant's requests, from a fixed stream: trace rows drawn with
     replacement, size specs drawn. What the closed-loop check of the estimate replays
     (engine/capacity.py's ``measure_capacity``)."""
@@ -443,7 +443,7 @@ def tenant_sizes(tenant: TenantConfig, n: int = 4096) -> tuple[np.ndarray, np.nd
     return prompt, output
 
 
-def engine_capacity_rps(engine: SlotEngineConfig | TokenEngineConfig, tenant: TenantConfig) -> float:
+def engine_capacity_rps(engine: SlotEngineConfig | TokenEngineConfig, tenant: ScenarioTenant) -> float:
     """The engine's estimated requests/s on ``tenant``'s requests alone (engine/capacity.py, with the
     scenario's own token budget and sequence cap); for a slot engine, slots / mean service time (request
     sizes do not matter to it)."""
@@ -493,8 +493,8 @@ def _set(tree: dict[str, Any], path: str, value: Any) -> dict[str, Any]:
     return out
 
 
-def _template_tenant(name: str, template: Mapping[str, Any], slo: SLO) -> TenantConfig:
-    return TenantConfig.model_validate({**template, "name": name, "slo": slo.given()})
+def _template_tenant(name: str, template: Mapping[str, Any], slo: SLO) -> ScenarioTenant:
+    return ScenarioTenant.model_validate({**template, "name": name, "slo": slo.given()})
 
 
 def _check_templates(fam: Family, origin: str) -> None:
@@ -588,7 +588,7 @@ def _active_clients(
     for c in block.clients:
         if _servegen_rate(c, start_s, horizon_s) <= 0:
             continue
-        tenant = TenantConfig.model_validate(_servegen_tenant(c, start_s, block))
+        tenant = ScenarioTenant.model_validate(_servegen_tenant(c, start_s, block))
         if engine_capacity_rps(engine, tenant) <= block.max_capacity_rps:
             out.append(c)
     return out

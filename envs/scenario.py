@@ -30,7 +30,12 @@ class ScenarioError(ConfigError):
     """A scenario could not be found or is invalid; the message says what and what is allowed."""
 
 
-class TenantConfig(StrictModel):
+class ScenarioTenant(StrictModel):
+    """One tenant of the simulated world: the load it offers (arrivals, request sizes) and how it is served
+    (objectives, weight, priority, queue). Three other classes describe a tenant for another reader and share
+    these key names: the gateway's ``TenantConfig`` (API keys, limits, envelopes), the load generator's
+    ``TenantLoad`` (what to send a server) and ``TenantSpec`` (what a controller is told, core/spec.py)."""
+
     name: str = Field(min_length=1)
     arrival: ArrivalSpec
     prompt_tokens: SizeSpec | None = None
@@ -42,7 +47,7 @@ class TenantConfig(StrictModel):
     queue_timeout_s: Unbounded | None = Field(default=None, gt=0)  # none: the scenario's admission.queue_timeout_s
 
     @model_validator(mode="after")
-    def _sizes(self) -> TenantConfig:
+    def _sizes(self) -> ScenarioTenant:
         if not isinstance(self.arrival, Trace) and (self.prompt_tokens is None or self.output_tokens is None):
             raise ValueError(
                 f"tenant {self.name!r}: prompt_tokens and output_tokens are required unless arrival.kind is 'trace'"
@@ -113,7 +118,7 @@ class Scenario(StrictModel):
     admission: AdmissionConfig = AdmissionConfig()
     limits: LimitsConfig = LimitsConfig()
     reward: RewardConfig = RewardConfig()
-    tenants: list[TenantConfig] = Field(min_length=1)
+    tenants: list[ScenarioTenant] = Field(min_length=1)
 
     @model_validator(mode="after")
     def _unique(self) -> Scenario:

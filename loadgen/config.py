@@ -40,7 +40,7 @@ class ConfigError(core_config.ConfigError):
 
 
 @dataclass
-class TenantConfig:
+class TenantLoad:
     """One tenant's load: how requests arrive, how long they are, and how they identify themselves."""
 
     name: str
@@ -111,7 +111,7 @@ class RunConfig:
     throttle_k: float = 2.0
     warmup: float = 0.0
     slo: dict[str, float] = field(default_factory=dict)
-    tenants: list[TenantConfig] = field(default_factory=list)
+    tenants: list[TenantLoad] = field(default_factory=list)
     sweep: SweepConfig | None = None
 
     @property
@@ -248,14 +248,14 @@ def _from_mapping(cls: type, data: dict[str, Any], where: str, skip: tuple[str, 
     return out
 
 
-def tenant_from_mapping(data: dict[str, Any], index: int = 0) -> TenantConfig:
+def tenant_from_mapping(data: dict[str, Any], index: int = 0) -> TenantLoad:
     where = f"tenants[{index}]" if "name" not in data else f"tenant {data['name']!r}"
     if "name" not in data:
         raise ConfigError(f"{where}: every tenant needs a 'name'")
-    return TenantConfig(**_from_mapping(TenantConfig, data, where))
+    return TenantLoad(**_from_mapping(TenantLoad, data, where))
 
 
-def parse_tenant_flag(text: str) -> TenantConfig:
+def parse_tenant_flag(text: str) -> TenantLoad:
     """Parse ``name=a,rate=20,...``; ``header=Name:Value`` may repeat and adds a request header."""
     data: dict[str, Any] = {}
     headers: dict[str, str] = {}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ast
 import importlib
+import inspect
 import math
 import pkgutil
 import tomllib
@@ -16,7 +17,7 @@ from admit.core.schema import StrictModel, Unbounded
 from admit.core.slo import SLO
 from admit.core.workload import Poisson
 from admit.envs.family import FamilyError, load_family
-from admit.envs.scenario import AdmissionConfig, TenantConfig, load_scenario, parse_scenario
+from admit.envs.scenario import AdmissionConfig, ScenarioTenant, load_scenario, parse_scenario
 from admit.gateway.config import parse_config as parse_gateway
 from admit.train.config import parse_config as parse_train
 from pydantic import BaseModel, ValidationError
@@ -24,7 +25,7 @@ from pydantic import BaseModel, ValidationError
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
 # the only fields where infinity means something ("no bound"): both queue timeouts of a scenario
-UNBOUNDED_FIELDS = {"AdmissionConfig.queue_timeout_s", "TenantConfig.queue_timeout_s"}
+UNBOUNDED_FIELDS = {"AdmissionConfig.queue_timeout_s", "ScenarioTenant.queue_timeout_s"}
 
 
 def _all_modules() -> list[str]:
@@ -59,6 +60,19 @@ def test_every_pydantic_model_of_admit_derives_from_the_strict_base(models: list
     for m in models:  # and none loosens the base's rules
         cfg = m.model_config
         assert (cfg.get("extra"), cfg.get("frozen"), cfg.get("allow_inf_nan")) == ("forbid", True, False), m
+
+
+def test_no_two_configuration_classes_share_a_name(models: list[type[BaseModel]]) -> None:
+    where: dict[str, set[str]] = {}
+    for name in _all_modules():
+        for cls in vars(importlib.import_module(name)).values():
+            if inspect.isclass(cls) and cls.__module__ == name:
+                where.setdefault(cls.__name__, set()).add(name)
+    configs = {n for n in where if n.endswith("Config") or n.startswith("Tenant")}
+    shared = {n: sorted(where[n]) for n in configs if len(where[n]) > 1}
+    assert not shared, f"one name, several classes: {shared}"
+    schemas = [m.__name__ for m in models]
+    assert len(schemas) == len(set(schemas)), sorted(n for n in schemas if schemas.count(n) > 1)
 
 
 def test_only_core_schema_configures_pydantic() -> None:
@@ -157,12 +171,12 @@ def test_an_unbounded_timeout_still_refuses_nan_and_what_its_bounds_refuse(value
         AdmissionConfig(queue_timeout_s=value)
     assert err.value.errors()[0]["loc"] == ("queue_timeout_s",)
     with pytest.raises(ValidationError):
-        TenantConfig.model_validate({**_seed_paper()["tenants"][0], "queue_timeout_s": value})
+        ScenarioTenant.model_validate({**_seed_paper()["tenants"][0], "queue_timeout_s": value})
 
 
 def test_nan_in_an_unbounded_field_says_how_to_write_no_bound() -> None:
     with pytest.raises(ValidationError, match=r"NaN is not allowed; write \.inf for no bound"):
-        TenantConfig.model_validate({**_seed_paper()["tenants"][0], "queue_timeout_s": math.nan})
+        ScenarioTenant.model_validate({**_seed_paper()["tenants"][0], "queue_timeout_s": math.nan})
 
 
 def test_unbounded_is_the_one_exception() -> None:
