@@ -3,7 +3,9 @@
 A scenario names the tenants (arrivals, request sizes, SLOs), the engine, the admission settings, the
 concurrency bounds, the decision interval, the horizon and the reward weights. Bundled scenarios live in
 envs/scenarios/NAME.yaml; any path to a YAML file works too. A bad key or value raises ``ScenarioError``
-naming the key and what is allowed.
+naming the key and what is allowed. Every number must be finite but the queue timeouts
+(``admission.queue_timeout_s``, whose default is none, and a tenant's ``queue_timeout_s``): ``.inf`` there means
+no timeout (core/schema.py).
 
 A tenant is written in the words the gateway's and the load generator's configs use for one: one ``slo:``
 mapping (core/slo.py), ``queue_timeout_s``, ``max_queue``, ``priority``, ``weight``, and the arrival processes
