@@ -8,7 +8,7 @@ Example::
     max_body_bytes: 1048576
     request_log: gateway-requests.jsonl
     audit_log: gateway-audit.jsonl
-    redis: {url: "redis://127.0.0.1:6379/0", failure_mode: closed}   # optional: state shared by replicas
+    # redis: {url: "redis://127.0.0.1:6379/0", failure_mode: closed}   # instead of capacity: shared by replicas
     tenants:
       - name: chat
         api_keys: [sk-chat-1]          # or api_keys_env: CHAT_KEYS (keys comma-separated, e.g. from a Secret)

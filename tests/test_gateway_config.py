@@ -27,6 +27,16 @@ def test_valid_config_and_defaults() -> None:
     assert c.tenants[0].limit == 4 and c.auth.mode == "api_key" and c.capacity == 8
 
 
+def test_the_modules_example_is_a_valid_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+    import yaml
+    from admit.gateway import config
+
+    monkeypatch.setenv("ADMIT_ADMIN_TOKEN", "admin-token-0123456789")
+    example = yaml.safe_load((config.__doc__ or "").split("Example::")[1].split("Secrets")[0])
+    c = parse_config(example)
+    assert c.capacity == 32 and c.tenants[0].borrow == 8 and c.tenants[0].envelopes[0].requests_per_s == 20
+
+
 def test_unknown_key_names_it_and_the_allowed_keys() -> None:
     msg = error(cfg(capacty=3))
     assert "capacty" in msg and "allowed keys" in msg and "capacity" in msg
