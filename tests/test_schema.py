@@ -23,18 +23,19 @@ from admit.train.config import parse_config as parse_train
 from pydantic import BaseModel, ValidationError
 
 ROOT = Path(__file__).resolve().parents[1]
-PACKAGES: list[str] = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+# admit's sub-packages live in top-level folders that pyproject.toml maps onto admit.* (as scripts/typecheck.sh reads)
+PACKAGES = sorted(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"])
 # the only fields where infinity means something ("no bound"): both queue timeouts of a scenario
 UNBOUNDED_FIELDS = {"AdmissionConfig.queue_timeout_s", "ScenarioTenant.queue_timeout_s"}
 
 
 def _all_modules() -> list[str]:
-    names = []
+    names: set[str] = set()
     for package in PACKAGES:
-        for m in pkgutil.iter_modules(importlib.import_module(package).__path__, package + "."):
+        for m in pkgutil.walk_packages(importlib.import_module(package).__path__, package + "."):
             if not m.ispkg and not m.name.endswith("__main__"):
-                names.append(m.name)
-    return names
+                names.add(m.name)
+    return sorted(names)
 
 
 @pytest.fixture(scope="module")
