@@ -14,7 +14,7 @@ A field where infinity is meaningful ("no bound", as a queue timeout that never 
 (``gt=0``, ...) are written on the field as on any other.
 
 This module is apart from core/config.py (the errors every configuration raises) because it imports
-pydantic, which the emulator and the LLM policy, whose settings are plain dataclasses, start without.
+pydantic: the emulator reads its settings (a plain dataclass) with core/config.py and starts without it.
 """
 
 from __future__ import annotations
