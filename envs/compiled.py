@@ -22,6 +22,7 @@ from collections.abc import Sequence
 
 import numpy as np
 from admit.core.controller import Controller, decision_rule
+from admit.core.loop import OnDecision, RunStats, run_loop
 from admit.core.observation import NO_SLO, Observation
 from admit.engine.presets import get_preset
 from admit.engine.request import Request
@@ -30,15 +31,13 @@ from admit.envs import kernels as K
 from admit.envs.scenario import Scenario, SlotEngineConfig
 from admit.envs.simulation import (
     END_EPS_S,
+    Episode,
     IntervalCounts,
-    OnDecision,
-    RunStats,
     Simulation,
     TenantTotals,
     decision_count,
     draw_request_columns,
     episode_metrics,
-    run_decisions,
     tenant_metrics,
 )
 
@@ -210,10 +209,13 @@ class CompiledSimulation:
         for i, v in enumerate(limits):
             K.set_limit(self._E, self._S, i, lim.clamp(int(v)))
 
-    def step(self, deltas: Sequence[int], until: float | None = None) -> list[int]:
-        limits = self.apply_deltas(deltas)
+    def advance_interval(self, until: float | None = None) -> None:
         end = self.horizon_s if until is None else until
         self.advance(min(self.now + self.scenario.interval_s, end))
+
+    def step(self, deltas: Sequence[int], until: float | None = None) -> list[int]:
+        limits = self.apply_deltas(deltas)
+        self.advance_interval(until)
         return limits
 
     def step_observed(self, deltas: Sequence[int]) -> tuple[list[int], np.ndarray, np.ndarray]:
@@ -265,13 +267,14 @@ class CompiledSimulation:
 
     def run(self, controller: Controller, until: float | None = None, on_decision: OnDecision | None = None,
             name: str | None = None) -> RunStats:
-        """``Simulation.run``: the one decision loop. A static, naive or differentiated controller (whose ``act``
-        is that class's own) runs the whole loop in one kernel call (``kernels.run_rule``: the same decisions
-        from the same values) unless ``on_decision`` wants to see every decision."""
+        """``Simulation.run``: core/loop.py's decision loop on ``Episode(self, until)``. A static, naive or
+        differentiated controller (whose ``act`` is that class's own) runs the whole loop in one kernel call
+        instead (``kernels.run_rule``, an optimisation of the same loop: the same decisions from the same values,
+        tests/test_compiled_world.py), unless ``on_decision`` wants to see every decision."""
         rule = _rule_of(controller, self.n_tenants) if on_decision is None else None
         if rule is None:
-            return run_decisions(self, controller, until, on_decision, name)
-        return self._run_rule(rule, until, np.zeros((0, self.n_tenants, K.NTOT), dtype=np.int64))
+            return run_loop(Episode(self, until), controller, on_decision, name)
+        return self._run_rule(rule, until)
 
     def run_recorded(self, controller: Controller) -> np.ndarray:
         """Run the whole episode of a controller that decides by a built-in rule (static caps, say) and return
@@ -289,14 +292,19 @@ class CompiledSimulation:
         return record[: stats.decisions]
 
     def _run_rule(self, rule: tuple[int, np.ndarray, np.ndarray], until: float | None,
-                  record: np.ndarray) -> RunStats:
+                  record: np.ndarray | None = None, limits: np.ndarray | None = None) -> RunStats:
+        """``kernels.run_rule`` from ``now`` to ``until``; ``record`` (decisions × tenants × 7) and ``limits``
+        (decisions × tenants), where given, receive each decision's running totals and the limits it set."""
         code, params, targets = rule
         lim = self.spec.limits
         end = float(self.horizon_s if until is None else until)
-        decisions, limit_sum = K.run_rule(self._E, self._S, self._arrivals, code, params, targets, lim.max_step,
-                                          lim.min, lim.max, self._interval_s, end, self._out,
-                                          np.zeros(self.n_tenants, dtype=np.int64), record)
-        return RunStats(int(decisions), float(limit_sum), self.n_tenants)
+        n = self.n_tenants
+        decisions, limit_sum = K.run_rule(
+            self._E, self._S, self._arrivals, code, params, targets, lim.max_step, lim.min, lim.max,
+            self._interval_s, end, self._out, np.zeros(n, dtype=np.int64),
+            np.zeros((0, n, K.NTOT), dtype=np.int64) if record is None else record,
+            np.zeros((0, n), dtype=np.int64) if limits is None else limits)
+        return RunStats(int(decisions), float(limit_sum), n)
 
     # ------------------------------------------------------------------ results
     @property

@@ -1522,11 +1522,12 @@ def _rule_deltas(rule, params, targets, k, out, deltas):
 
 
 @kernel
-def run_rule(E, S, arrivals, rule, params, targets, k, lo, hi, interval, end, out, deltas, record):
-    """``run_decisions`` with ``rule`` as the controller (``Simulation.run``'s loop): until ``end``, observe,
-    decide, set the limits (clamped to [lo, hi]) and run one interval on. Returns (decisions, Σ limits).
-    ``record`` (decisions × tenants × NTOT, or empty) receives every tenant's running totals after each
-    decision's interval, while it has rows."""
+def run_rule(E, S, arrivals, rule, params, targets, k, lo, hi, interval, end, out, deltas, record, limits):
+    """core/loop.py's ``run_loop`` on the compiled world's ``Episode``, with ``rule`` as the controller: until
+    ``end``, observe, decide, set the limits (clamped to [lo, hi]) and run one interval on. Returns (decisions,
+    Σ limits). ``record`` (decisions × tenants × NTOT, or empty) receives every tenant's running totals after
+    each decision's interval, ``limits`` (decisions × tenants, or empty) the limits each decision set, while
+    they have rows."""
     ai = S[0]
     sf = S[5]
     tot = S[13]
@@ -1542,6 +1543,8 @@ def run_rule(E, S, arrivals, rule, params, targets, k, lo, hi, interval, end, ou
             new = cur + deltas[i]
             new = lo if new < lo else hi if new > hi else new
             total += new
+            if decisions < limits.shape[0]:
+                limits[decisions, i] = new
             if new != cur:
                 set_limit(E, S, i, new)
         advance(E, S, arrivals, min(sf[S_NOW] + interval, end))

@@ -7,9 +7,10 @@ slot before a simultaneous arrival or timeout is handled).
 
 Decisions happen between ``advance`` calls: ``observe()`` builds the Observation, ``apply_deltas()``
 changes the limits (``Limits.apply``: current + delta, clamped to the scenario's bounds), ``advance(t)``
-runs the world to time t. ``step(deltas)`` is one decision interval (apply, then advance one interval)
-and ``run(controller)`` the one decision loop (observe → act → validate → step, until the horizon): the
-env's ``step`` is ``Simulation.step``, the evaluator and sim2live call ``run``.
+runs the world to time t and ``advance_interval()`` one decision interval on. ``step(deltas)`` is one
+decision (apply, then one interval on): the env's ``step`` is ``Simulation.step``. ``run(controller)`` is
+core/loop.py's one decision loop (observe → act → validate → apply → one interval on) driving ``Episode``,
+the world seen as that loop's ``World``; the evaluator and sim2live call it.
 
 The requests are the scenario's draws for the seed (``draw_requests``) unless the caller hands the
 simulation its own (``Simulation(scenario, seed, requests=...)``, as sim2live does with the replayed ones).
@@ -27,7 +28,8 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
-from admit.core.controller import Controller, validate_deltas
+from admit.core.controller import Controller
+from admit.core.loop import OnDecision, RunStats, run_loop
 from admit.core.observation import Observation
 from admit.core.percentiles import linear_np_many
 from admit.core.telemetry import (
@@ -155,24 +157,6 @@ def decision_count(scenario: Scenario, until: float | None = None) -> int:
     return n
 
 
-OnDecision = Callable[[float, Observation, list[int], list[int]], None]
-"""``on_decision(time_s, observation, deltas, new_limits)``, called by ``Simulation.run`` after each decision."""
-
-
-@dataclass
-class RunStats:
-    """What ``Simulation.run`` reports besides the world's own counts: the decisions and their limits."""
-
-    decisions: int
-    limit_sum: float  # Σ over decisions of Σ over tenants of the limit set by that decision
-    n_tenants: int
-
-    @property
-    def mean_limit(self) -> float:
-        """The limit set per tenant per decision, on average (0 without decisions)."""
-        return self.limit_sum / max(self.decisions, 1) / self.n_tenants
-
-
 class Simulation:
     def __init__(self, scenario: Scenario, seed: int, *, requests: Sequence[Request] | None = None,
                  warmup_s: float = 0.0) -> None:
@@ -295,13 +279,16 @@ class Simulation:
         return out
 
     # ------------------------------------------------------------------ the decision loop
-    def step(self, deltas: Sequence[int], until: float | None = None) -> list[int]:
-        """One decision interval: apply ``deltas``, then run the world one ``interval_s`` on, to ``until`` at
-        most (default: the horizon). Returns the limits the deltas set. The env's ``step`` and ``run`` both
-        use it, so a decision interval is written once."""
-        limits = self.apply_deltas(deltas)
+    def advance_interval(self, until: float | None = None) -> None:
+        """Run the world one ``interval_s`` on, to ``until`` at most (default: the horizon)."""
         end = self.horizon_s if until is None else until
         self.advance(min(self.now + self.scenario.interval_s, end))
+
+    def step(self, deltas: Sequence[int], until: float | None = None) -> list[int]:
+        """One decision: apply ``deltas``, then run one interval on (``advance_interval(until)``). Returns the
+        limits the deltas set. The env's ``step``."""
+        limits = self.apply_deltas(deltas)
+        self.advance_interval(until)
         return limits
 
     def run(
@@ -311,7 +298,8 @@ class Simulation:
         on_decision: OnDecision | None = None,
         name: str | None = None,
     ) -> RunStats:
-        """The decision loop: every interval observe → ``controller.act`` → ``validate_deltas`` → ``step``.
+        """The decision loop (core/loop.py's ``run_loop`` on ``Episode(self, until)``): every interval observe →
+        ``controller.act`` → ``validate_deltas`` → apply → one interval on.
 
         Runs from ``now`` until simulated time reaches ``until`` (default: the horizon; later than it runs
         the queues dry, with no arrivals after the horizon). The controller must already be ``reset``.
@@ -319,7 +307,7 @@ class Simulation:
         before it are ``obs``'s. A controller that raises ValueError or returns bad deltas raises ValueError
         naming the policy (``name``, default the controller's) and the decision's time.
         """
-        return run_decisions(self, controller, until, on_decision, name)
+        return run_loop(Episode(self, until), controller, on_decision, name)
 
     # ------------------------------------------------------------------ the event loop
     def _dispatch(self, req: Request) -> None:
@@ -422,27 +410,31 @@ class Simulation:
         return {t.name: tenant_metrics(tot, span) for t, tot in zip(self.spec.tenants, self.totals, strict=True)}
 
 
-def run_decisions(sim: Simulation | CompiledSimulation, controller: Controller, until: float | None,
-                  on_decision: OnDecision | None, name: str | None) -> RunStats:
-    """``Simulation.run``'s loop, for either world (``CompiledSimulation.run`` is this too)."""
-    end = sim.horizon_s if until is None else until
-    spec = sim.spec
-    limit_sum = 0.0
-    decisions = 0
-    while sim.now < end - END_EPS_S:
-        t = sim.now
-        obs = sim.observe()
-        try:
-            deltas = validate_deltas(controller.act(obs), spec)
-        except ValueError as e:
-            label = name if name is not None else getattr(controller, "name", type(controller).__name__)
-            raise ValueError(f"policy {label!r} at t={t:.1f}s: {e}") from None
-        limits = sim.step(deltas, end)
-        if on_decision is not None:
-            on_decision(t, obs, deltas, limits)
-        limit_sum += sum(limits)
-        decisions += 1
-    return RunStats(decisions, limit_sum, len(sim.scenario.tenants))
+class Episode:
+    """A simulated world (``Simulation`` or ``CompiledSimulation``) from its ``now`` to ``until`` (default: the
+    horizon) as core/loop.py's ``World``: a decision is due until then, observe is the world's, apply is
+    ``apply_deltas`` and advance is one interval on."""
+
+    def __init__(self, sim: Simulation | CompiledSimulation, until: float | None = None) -> None:
+        self.sim = sim
+        self.spec = sim.spec
+        self.end = sim.horizon_s if until is None else until
+
+    @property
+    def now(self) -> float:
+        return self.sim.now
+
+    def due(self) -> bool:
+        return self.sim.now < self.end - END_EPS_S
+
+    def observe(self) -> Observation:
+        return self.sim.observe()
+
+    def apply(self, deltas: list[int]) -> list[int]:
+        return self.sim.apply_deltas(deltas)
+
+    def advance(self) -> None:
+        self.sim.advance_interval(self.end)
 
 
 def tenant_metrics(t: TenantTotals, horizon_s: float) -> dict[str, float]:

@@ -17,10 +17,11 @@ import gymnasium as gym
 import numpy as np
 import pytest
 from admit.controllers.registry import make_controller
+from admit.core.loop import run_loop
 from admit.core.observation import Observation
 from admit.envs.compiled import CompiledSimulation, _rule_of, make_simulation
 from admit.envs.scenario import Scenario, load_scenario
-from admit.envs.simulation import Simulation
+from admit.envs.simulation import Episode, Simulation, decision_count
 
 CPU_DUO = Path(__file__).resolve().parents[1] / "live" / "scenarios" / "cpu-smollm2-duo.yaml"
 
@@ -112,20 +113,55 @@ def test_the_paths_the_scenarios_were_chosen_for_are_reached() -> None:
     assert _random_episode("servegen-skewed", 2, 300.0, 3)[1].summary()["rejected"] > 0
 
 
+class Recorded(Episode):
+    """The simulator as the decision loop's World, keeping the limits each decision set and every tenant's
+    running totals after its interval (``IntervalCounts`` order), as ``kernels.run_rule`` records them."""
+
+    def __init__(self, sim: Simulation | CompiledSimulation) -> None:
+        super().__init__(sim)
+        self.limits: list[list[int]] = []
+        self.totals: list[list[list[int]]] = []
+
+    def apply(self, deltas: list[int]) -> list[int]:
+        self.limits.append(out := super().apply(deltas))
+        return out
+
+    def advance(self) -> None:
+        super().advance()
+        self.totals.append([[t.arrived, t.completed, t.dropped, t.rejected, t.slo_violations, t.good,
+                             t.output_tokens] for t in self.sim.totals])
+
+
 @pytest.mark.parametrize("policy", ["static", "static:3", "naive", "differentiated"])
 @pytest.mark.parametrize("name", ["seed-paper", "h200-mix@11002"])
-def test_a_rule_runs_in_one_kernel_call_with_the_python_worlds_numbers(name: str, policy: str) -> None:
-    """Static caps and the study's two rules run the whole decision loop in the kernel (kernels.run_rule): the
-    same decisions, limits, counts and latencies as the Python controllers in the Python world."""
+def test_the_rule_loop_is_the_decision_loop_in_one_kernel_call(name: str, policy: str) -> None:
+    """Static caps and the study's two rules run the whole decision loop in the kernel (kernels.run_rule), an
+    optimisation of core/loop.py's ``run_loop``: the same limits at every decision and the same running totals
+    after it as the one loop driving the Python controller, in the compiled world and in the Python world, and
+    the same episode (what ``run`` returns, every count and latency)."""
     sc = load_scenario(name).model_copy(update={"horizon_s": 600.0})
-    out = []
+    n, steps = len(sc.tenants), decision_count(sc)
+    loops = []
     for world in ("python", "compiled"):
         ctrl = make_controller(policy)
         ctrl.reset(sc.control_spec(), 3)
-        sim = make_simulation(sc, 3, world=world)
-        out.append((sim.run(ctrl, name=policy), sim.summary(), sim.tenant_summary()))
-    assert out[0] == out[1]
-    assert out[0][0].decisions == 600.0 / sc.interval_s
+        rec = Recorded(make_simulation(sc, 3, world=world))
+        stats = run_loop(rec, ctrl, name=policy)
+        loops.append((stats, rec.limits, rec.totals, rec.sim.summary(), rec.sim.tenant_summary()))
+    ctrl = make_controller(policy)
+    ctrl.reset(sc.control_spec(), 3)
+    cw = CompiledSimulation(sc, 3)
+    rule = _rule_of(ctrl, n)
+    assert rule is not None
+    limits, totals = np.zeros((steps, n), dtype=np.int64), np.zeros((steps, n, 7), dtype=np.int64)
+    stats = cw._run_rule(rule, None, totals, limits)
+    in_kernel = (stats, limits.tolist(), totals.tolist(), cw.summary(), cw.tenant_summary())
+    assert loops[0] == loops[1] == in_kernel
+    assert stats.decisions == steps == 600.0 / sc.interval_s
+    assert len({tuple(x) for x in in_kernel[1]}) > 1 or policy.startswith("static")  # the rules move the limits
+    ctrl = make_controller(policy)
+    ctrl.reset(sc.control_spec(), 3)
+    assert CompiledSimulation(sc, 3).run(ctrl, name=policy) == stats  # run takes the kernel's way
     assert _rule_of(make_controller("gradient2"), 2) is None  # anything else runs the Python loop
 
 
