@@ -13,16 +13,18 @@ computes one says which of these it is, and two numbers that are compared use th
 * :data:`HISTOGRAM` — Prometheus's ``histogram_quantile`` on cumulative buckets: the bucket that holds rank
   ``q·count``, interpolated linearly inside it. What the gateway reads from the backend's TTFT histogram.
 
-:func:`linear` and :func:`p50_p95_p99` are pure Python (they run on every decision, on windows of tens of
-samples, where numpy's call overhead dominates); :func:`linear_np` gives ``np.percentile``'s numbers
-from one numpy sort, :func:`nearest_rank` is numpy's, for arrays. The pure-Python and numpy linear
-percentiles agree to rounding, not always to the last bit, so one report uses one of them throughout.
+:func:`linear_at` (and :func:`linear`, :func:`p50_p95_p99` on it) is pure Python (it runs on every decision,
+on windows of tens of samples, where numpy's call overhead dominates) that numba also compiles for the compiled
+world (envs/kernels.py); :func:`linear_np` gives ``np.percentile``'s numbers from one numpy sort,
+:func:`nearest_rank` is numpy's, for arrays. The pure-Python and numpy linear percentiles agree to rounding,
+not always to the last bit, so one report uses one of them throughout.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -31,36 +33,42 @@ NEAREST_RANK = "nearest rank, the sample of rank ceil(q/100 n) (numpy method='in
 HISTOGRAM = "Prometheus histogram_quantile (linear inside the bucket that holds the rank)"
 
 
+def linear_at(v: Any, lo: int, n: int, f: float) -> Any:
+    """:data:`LINEAR` percentile at fraction ``f`` (q/100, in [0, 1]) of the sorted ``v[lo:lo + n]``, n >= 2:
+    position ``(n - 1)·f``, and linearly between the two order statistics around it.
+
+    The one implementation of the windows' percentiles: Python calls it as it is (:func:`p50_p95_p99`, the
+    telemetry windows) and envs/kernels.py compiles this very function with numba for the compiled world, so
+    both worlds do the same arithmetic in the same order and agree bit for bit. Hence the numba-compilable
+    body (indexing and float arithmetic only) and the slice given as ``lo``, ``n`` (the kernels keep every
+    tenant's window in one flat array). numba's cache checks only the time stamp of the file a kernel is in
+    (numba/numba#8396 would extend it to other files): after changing this function, touch envs/kernels.py
+    before `python -m admit.envs.compiled`, or the kernels keep the old arithmetic (tests/test_compiled_world.py
+    would then find the two worlds apart).
+    """
+    m = n - 1
+    pos = m * f
+    i = int(pos)
+    if i >= m:
+        return v[lo + m]
+    return v[lo + i] + (v[lo + i + 1] - v[lo + i]) * (pos - i)
+
+
 def linear(sorted_values: Sequence[float], qs: Sequence[float]) -> list[float]:
     """:data:`LINEAR` percentiles (q in [0, 100]) of an already sorted sequence; [] gives 0.0s."""
     n = len(sorted_values)
     if n <= 1:
         return [float(sorted_values[0]) if n else 0.0] * len(qs)
-    out = []
-    for q in qs:
-        pos = (n - 1) * q / 100.0
-        lo = math.floor(pos)
-        hi = lo + 1 if lo + 1 < n else lo
-        frac = pos - lo
-        out.append(sorted_values[lo] + (sorted_values[hi] - sorted_values[lo]) * frac)
-    return out
+    return [linear_at(sorted_values, 0, n, q / 100.0) for q in qs]
 
 
 def p50_p95_p99(v: Sequence[float]) -> tuple[float, float, float]:
-    """``linear(v, (50, 95, 99))`` for a sorted sequence, unrolled: it runs on every decision."""
+    """``linear(v, (50, 95, 99))`` of a sorted sequence: three windows' worth on every decision."""
     n = len(v)
     if n <= 1:
         x = float(v[0]) if n else 0.0
         return x, x, x
-    m = n - 1
-    out = []
-    for pos in (m * 0.5, m * 0.95, m * 0.99):
-        lo = int(pos)
-        if lo >= m:
-            out.append(v[m])
-        else:
-            out.append(v[lo] + (v[lo + 1] - v[lo]) * (pos - lo))
-    return out[0], out[1], out[2]
+    return linear_at(v, 0, n, 0.5), linear_at(v, 0, n, 0.95), linear_at(v, 0, n, 0.99)
 
 
 def linear_np(values: Sequence[float] | np.ndarray, q: float) -> float:

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import NamedTuple, Protocol
 
 from admit.core.observation import NO_SLO, Observation, TenantObservation
-from admit.core.percentiles import p50_p95_p99
+from admit.core.percentiles import linear_at, p50_p95_p99
 from admit.core.spec import ControlSpec
 
 
@@ -28,14 +28,6 @@ class TenantTokens(NamedTuple):
     @classmethod
     def zeros(cls, n: int) -> TenantTokens:
         return cls([0.0] * n, [0.0] * n, [0.0] * n)
-
-
-def _p99_of(v: list[float]) -> float:
-    """``p50_p95_p99(v)[2]`` of a sorted list of two or more, alone."""
-    m = len(v) - 1
-    pos = m * 0.99
-    lo = int(pos)
-    return v[m] if lo >= m else v[lo] + (v[lo + 1] - v[lo]) * (pos - lo)
 
 
 def _objective(v: float) -> float:
@@ -121,7 +113,7 @@ class TenantWindows:
                     *p50_p95_p99(sorted(e2e)),
                     *p50_p95_p99(sorted(ttft)),
                     float(n),
-                    _p99_of(sorted(wait)),
+                    linear_at(sorted(wait), 0, n, 0.99),
                     *self._slo,
                     sum(out) / w_s,
                     tp[0],

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from typing import Any, TypeVar
 
 import numpy as np
+from admit.core.percentiles import linear_at
 from numba import njit
 
 F = TypeVar("F", bound=Callable[..., Any])
@@ -1091,17 +1092,15 @@ def advance(E, S, arrivals, until):
 # ====================================================================================== observation
 
 
+_linear_at = inlined(linear_at)  # core/percentiles.py's, compiled: the Python windows' arithmetic
+
+
 @inlined
 def _p3(v, lo, n, out, at):
     """``p50_p95_p99`` of the sorted ``v[lo:lo + n]`` (two or more) into ``out[at:at + 3]``."""
-    m = n - 1
-    for j in range(3):
-        pos = m * (0.5, 0.95, 0.99)[j]
-        i = int(pos)
-        if i >= m:
-            out[at + j] = v[lo + m]
-        else:
-            out[at + j] = v[lo + i] + (v[lo + i + 1] - v[lo + i]) * (pos - i)
+    out[at] = _linear_at(v, lo, n, 0.5)
+    out[at + 1] = _linear_at(v, lo, n, 0.95)
+    out[at + 2] = _linear_at(v, lo, n, 0.99)
 
 
 @inlined
@@ -1249,11 +1248,7 @@ def _window_summary(S, k, now, out, at):
             _p3(ws[0], base, n, pct, 0)
             _p3(ws[1], base, n, pct, 3)
             pct[6] = float(n)
-            m = n - 1
-            pos = m * 0.99
-            lw = int(pos)
-            v = ws[2]
-            pct[7] = v[base + m] if lw >= m else v[base + lw] + (v[base + lw + 1] - v[base + lw]) * (pos - lw)
+            pct[7] = _linear_at(ws[2], base, n, 0.99)
             pct[8] = wp[k, P_SLO_E2E]
             pct[9] = wp[k, P_SLO_TTFT]
             pct[10] = wsum[k, 0] / w_s

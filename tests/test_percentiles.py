@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 from admit.core import percentiles as pc
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 samples = st.lists(st.floats(0, 1e4, allow_nan=False), min_size=1, max_size=60)
@@ -29,6 +29,32 @@ def test_linear_np_many_is_numpys_percentile_bit_for_bit(values, qs):
     want = [float(x) for x in np.percentile(values, qs)]
     assert pc.linear_np_many(values, qs) == want
     assert pc.linear_np(np.asarray(values), qs[0]) == want[0]
+
+
+@given(st.lists(st.floats(-1e6, 1e6, allow_nan=False), min_size=2, max_size=300), st.integers(0, 5),
+       st.lists(st.one_of(st.sampled_from([0, 50, 95, 99, 100]), st.floats(0, 100)), min_size=1, max_size=4))
+def test_the_one_linear_percentile_is_numpys_linear_on_any_slice(values, lo, qs):
+    """linear_at reads the sorted slice v[lo:lo + n] of a larger array (as the compiled windows keep them)."""
+    v = [-1e9] * lo + sorted(values) + [1e9]
+    want = np.percentile(values, qs, method="linear")
+    got = [pc.linear_at(v, lo, len(values), q / 100) for q in qs]
+    assert np.allclose(got, want, rtol=1e-12, atol=1e-9)
+    assert pc.linear(sorted(values), qs) == [pc.linear_at(sorted(values), 0, len(values), q / 100.0) for q in qs]
+    assert pc.p50_p95_p99(sorted(values)) == tuple(pc.linear_at(sorted(values), 0, len(values), f)
+                                                   for f in (0.5, 0.95, 0.99))
+
+
+@settings(deadline=None)  # the first example compiles the kernels (or loads them from numba's cache)
+@given(st.lists(st.floats(0, 1e4, allow_nan=False), min_size=2, max_size=200), st.integers(0, 3))
+def test_the_compiled_world_runs_the_same_percentile_bit_for_bit(values, lo):
+    """envs/kernels.py compiles core/percentiles.linear_at itself: same numbers as the Python windows, to the bit."""
+    from admit.envs import kernels
+
+    v = np.array([0.0] * lo + sorted(values) + [0.0])
+    out = np.zeros(5)
+    kernels._p3(v, lo, len(values), out, 1)
+    assert out[1:4].tolist() == list(pc.p50_p95_p99(sorted(values)))
+    assert kernels._linear_at(v, lo, len(values), 0.99) == pc.linear_at(sorted(values), 0, len(values), 0.99)
 
 
 def test_linear_np_refuses_what_numpy_refuses_and_keeps_nan():
