@@ -66,11 +66,13 @@ def test_demo_runs_every_policy_on_the_same_requests_and_cleans_up(tmp_path: Pat
             assert t["scheduled"] > 0 and t["completed"] > 0 and t["e2e_p99_s"] > 0
             assert 0 <= t["good"] <= t["completed"] and t["attainment"] == round(t["good"] / t["scheduled"], 4)
         assert run["decisions"] >= 1  # the loop really ran
+        assert 1 <= len(run["series"]["limits"]["t_s"]) <= run["decisions"]  # a point per decision that set limits
         assert run["goodput_rps"] == round(sum(t["good"] for t in run["tenants"].values()) / 6, 4)
     arrived = {p: {n: t["scheduled"] for n, t in r["tenants"].items()} for p, r in data["runs"].items()}
     assert arrived["static"] == arrived["robust"]  # the same requests for every policy
     assert set(data["runs"]["static"]["tenants"]["chat"]["limits"]) == {64}  # static holds the initial caps
     assert "goodput req/s" in out and "long-context" in out  # the table was printed
+    assert (tmp_path / "demo.png").read_bytes()[:4] == b"\x89PNG"  # and the picture drawn next to the JSON
     pids = _pids(tmp_path / "work")
     started = {"run0/emulator", "run0/gateway-live", "run0/control-live", "run0/loadgen-live", "run1/gateway-live"}
     assert started <= set(pids)
