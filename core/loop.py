@@ -1,9 +1,13 @@
 """The decision loop, written once: observe → act → apply, for any world and any controller.
 
 A ``World`` is what a controller acts on: the simulator (envs/simulation.py's ``Episode``, over the Python
-or the compiled world). ``run_loop`` drives one: while a decision is due, observe, ask the controller,
-validate its deltas, apply them, show the decision to ``on_decision``, and let the world move on to its next
-decision. How a world keeps time and what it does when it cannot be observed is its own.
+or the compiled world) or the gateway in front of a real server (live/control.py's ``GatewayWorld``, whose
+observe and apply are the admin API's calls). ``run_loop`` drives one: while a decision is due, observe, ask
+the controller, validate its deltas, apply them, show the decision to ``on_decision``, and let the world move
+on to its next decision. How a world keeps time (one simulated interval; the live loop's fixed-phase ticks)
+and what it does when it cannot be observed is its own. The loop knows nothing of failing policies either:
+a policy that must never stop the loop is wrapped in ``FailSafe`` (controllers/failsafe.py), a controller
+that holds the limits when the policy raises, overruns its deadline or answers garbage.
 
 The shape is Stable-Baselines3's ``collect_rollouts`` (one loop over the environment's steps, observed through
 callbacks; https://github.com/DLR-RM/stable-baselines3, stable_baselines3/common/on_policy_algorithm.py).

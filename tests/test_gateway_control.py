@@ -242,6 +242,31 @@ def test_bad_policy_holds_then_falls_back_to_static(gw: GatewayProcess, tmp_path
     assert lines[0]["observation"]["tenants"]["bursty"]["limit"] == 3
 
 
+def test_a_held_decision_changes_nothing_where_a_decision_of_zeros_would_clamp(gw: GatewayProcess,
+                                                                              tmp_path: Path) -> None:
+    """The gateway holds limits above the spec's bounds: while the policy fails they stay as they are (a held
+    decision is no decision), and the fallback's first decision, zeros, brings them into the bounds."""
+    from dataclasses import replace
+
+    assert _limits(gw) == {"bursty": 3, "steady": 3}
+    spec = _spec(gw, 0.2)
+    spec = replace(spec, limits=replace(spec.limits, max=2, initial=2))
+    own = GatewayClient(gw.url, ADMIN_TOKEN, timeout_s=20, actor="held-test")  # apart from admit-control's audit
+    loop = ControlLoop(own, Scripted(["raise"]), spec, act_timeout_s=2.0, max_failures=2,
+                       fallback=make_controller("static"), log_path=tmp_path / "decisions.jsonl")
+    try:
+        stats = loop.run(steps=3)
+    finally:
+        loop.close()
+        after = _limits(gw)
+        own.set_limits({"bursty": 3, "steady": 3}, "test reset")
+    lines = [json.loads(x) for x in (tmp_path / "decisions.jsonl").read_text().splitlines()]
+    assert [x["outcome"] for x in lines] == ["held:raised", "held:raised;fallback", "applied"]
+    assert [x["limits_after"]["bursty"] for x in lines] == [3, 3, 2] and [x["deltas"] for x in lines] == [
+        None, None, [0, 0]]
+    assert after == {"bursty": 2, "steady": 2} and stats.applied == 1 and stats.failures == {"raised": 2}
+
+
 def test_an_llm_whose_endpoint_fails_every_call_falls_back_to_static(gw: GatewayProcess, tmp_path: Path) -> None:
     """The LLM policy never raises (it holds), so only its ``last_failure`` lets the loop see the failures."""
     before, audit_before = _limits(gw), len(gw.audit_log())
