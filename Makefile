@@ -8,12 +8,14 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test lint type bench setup clean llm-install llm-server vllm-install vllm-server
 
+# One line per step: pip's output goes to $(VENV)/install.log, printed only when the install fails.
 $(STAMP): pyproject.toml
-	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install --quiet --upgrade pip
-	$(BIN)/python -m pip install --quiet -e '.[dev,ray]'
-	$(BIN)/python -m admit.envs.compiled  # compile the simulated world's kernels once (numba caches them)
-	touch $(STAMP)
+	@echo "admit: installing admit and its dependencies into $(VENV) (first run only, a few minutes)..."
+	@test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	@{ $(BIN)/python -m pip install --upgrade pip && $(BIN)/python -m pip install -e '.[dev,ray]'; } \
+		>$(VENV)/install.log 2>&1 || { cat $(VENV)/install.log; echo "admit: the install failed (log above)"; exit 1; }
+	@$(BIN)/python -m admit.envs.compiled  # compile the simulated world's kernels once (numba caches them)
+	@touch $(STAMP)
 
 setup: $(STAMP)
 

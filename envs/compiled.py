@@ -398,5 +398,6 @@ def warm() -> float:
     return time.perf_counter() - t0
 
 
-if __name__ == "__main__":
-    print(f"admit: compiled-world kernels ready in {warm():.1f} s (numba caches them next to envs/kernels.py)")
+if __name__ == "__main__":  # `make setup`'s one line for the compile: what runs, then how long it took
+    print("admit: compiling the simulated world's kernels (first run only, about a minute)...", end=" ", flush=True)
+    print(f"ready in {warm():.1f} s")
