@@ -7,11 +7,11 @@ import typer
 from admit.emulator.cli import emulate
 from admit.engine.cli import fidelity
 from admit.envs.cli import scenarios
-from admit.evaluate.cli import evaluate, results, tune_static
+from admit.evaluate.cli import evaluate, results
 from admit.gateway.cli import gateway
 from admit.live.cli import calibrate, control, demo, protocol, sim2live
 from admit.loadgen.cli import app as loadgen_app
-from admit.train.cli import train, tune
+from admit.train.cli import train, tune, tune_static
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -20,7 +20,7 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
 )
 app.add_typer(loadgen_app, name="loadgen")
-for verb in (scenarios, evaluate, results, tune_static, train, tune, fidelity, calibrate, emulate, gateway, control,
+for verb in (scenarios, evaluate, results, train, tune, tune_static, fidelity, calibrate, emulate, gateway, control,
              demo, protocol, sim2live):
     app.command()(verb)
 

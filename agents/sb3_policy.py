@@ -15,8 +15,8 @@ wrappers use — into integer deltas in ±max_step.
 A tenant-set policy (``policy.kind: tenant-set``, admit.agents.set_policy) takes any scenario of 1..8 tenants
 and any ``max_step``: its input is admit.agents.set_codec's padded vector and its action one multiplicative
 choice per tenant, decoded by the same module. An anchored tenant-set policy (``policy.anchor: tuned``) acts
-around static:best's caps for the scenario: it needs a ``base`` that knows them (the registry gives it
-``BestStatic``, as ``token:best`` gets one), reset with the same spec and seed, whose caps become the anchors.
+around static:best's caps for the scenario: ``reset`` takes them as ``anchors``, which the registry's wrapper
+(controllers/around.py, around ``BestStatic`` as ``token:best`` is) hands it.
 Loaded models are cached per process, so ``admit evaluate`` loads a run once, not once per seed.
 """
 
@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import functools
 import pickle
+from collections.abc import Sequence
 from importlib import resources
 from pathlib import Path
 from typing import Any
@@ -142,29 +143,23 @@ class SB3Policy:
 
         self.tenant_set = isinstance(self.model.policy, TenantSetPolicy)
         self.anchored = bool(self.tenant_set and getattr(self.model.policy, "anchored", False))
-        self.base: Any = None  # the anchored policy's source of caps (``cap`` after ``reset``)
         self.anchors: list[int] | None = None
         self.limits = Limits()
 
-    def bind_scenario(self, scenario: Any) -> None:
-        """Name the scenario (the registry's ``make_controller(..., scenario=S)``): the base's caps are then
-        the ones tuned for it."""
-        bind = getattr(self.base, "bind_scenario", None)
-        if bind is not None:
-            bind(scenario)
-
-    def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
+    def reset(self, spec: ControlSpec, seed: int | None = None, anchors: Sequence[int] | None = None) -> None:
+        """Start an episode; an anchored policy needs ``anchors``, the caps it acts around (one per tenant)."""
         n, k = spec.n_tenants, spec.limits.max_step
+        if anchors is not None and not self.anchored:
+            raise ValueError(f"policy {self.name} does not act around caps; it was given anchors {list(anchors)}")
         if self.tenant_set:  # any tenant count up to the policy's slots, any max_step (set_codec)
             policy: Any = self.model.policy
             set_codec.check_tenants(n, policy.set_max_tenants)
             self.n, self.k, self.limits = n, k, spec.limits
             if self.anchored:
-                if self.base is None:
-                    raise ValueError(f"policy {self.name} acts around tuned caps and has no base to take them from "
-                                     "(make it with admit.controllers.registry.make_controller)")
-                self.base.reset(spec, seed)
-                self.anchors = [int(c) for c in self.base.cap]
+                if anchors is None:
+                    raise ValueError(f"policy {self.name} acts around tuned caps and was given none (make it with "
+                                     "admit.agents.registry.make_controller, which wraps it around static:best)")
+                self.anchors = [int(c) for c in anchors]
                 set_codec.check_anchors(self.anchors, n, spec.limits)
             return
         layout = layout_of(self.obs_size, n)

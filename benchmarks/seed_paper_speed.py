@@ -20,7 +20,7 @@ import time
 import numpy as np
 from admit.envs.env import TenantAdmissionEnv
 from admit.envs.scenario import load_scenario
-from admit.evaluate.offline import rollout
+from admit.evaluate.offline import run_policy
 from simpy_peer import simpy_rollout
 
 POLICIES = ("static", "naive", "differentiated")
@@ -60,11 +60,11 @@ def main() -> None:
     args = ap.parse_args()
     sc = load_scenario("seed-paper")
     # warm up imports and caches on both sides
-    rollout(sc, "static", 0)
+    run_policy(sc, "static", 0)
     simpy_rollout(sc, "static", 0)
     admit_runs, simpy_runs = [], []
     for _ in range(args.repeat):  # interleaved, so machine noise hits both sides alike
-        admit_runs.append(table(rollout, sc, args.seeds))
+        admit_runs.append(table(run_policy, sc, args.seeds))
         simpy_runs.append(table(simpy_rollout, sc, args.seeds))
     a_wall = min(w for w, _ in admit_runs)
     s_wall = min(w for w, _ in simpy_runs)

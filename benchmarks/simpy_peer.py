@@ -21,7 +21,7 @@ from bisect import bisect_right
 
 import numpy as np
 import simpy
-from admit.controllers.registry import make_controller
+from admit.agents.registry import make_controller
 from admit.core.observation import NO_SLO, Observation, TenantObservation
 from admit.envs.scenario import Scenario
 from admit.envs.simulation import TenantTotals, episode_metrics

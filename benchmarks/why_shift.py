@@ -22,12 +22,12 @@ from concurrent.futures import ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
+from admit.agents.static_best import BestStatic
 from admit.core.observation import Observation
 from admit.core.spec import ControlSpec
 from admit.envs.compiled import make_simulation
 from admit.envs.scenario import load_scenario
 from admit.evaluate.offline import paired_p
-from admit.evaluate.tune import BestStatic
 
 SEED0 = 1000
 IDLE_SHARE = 0.15  # under this share of its recent peak rate (and nothing queued), a tenant counts as idle

@@ -26,12 +26,13 @@ import os
 from collections import defaultdict
 from typing import Any
 
+from admit.agents.static_best import BestStatic
+from admit.controllers.around import AroundBase
 from admit.controllers.slo_bound import share_above
 from admit.controllers.token import TokenLedgerController
 from admit.core.observation import Observation
 from admit.envs.compiled import make_simulation
 from admit.envs.scenario import Scenario, load_scenario
-from admit.evaluate.tune import BestStatic
 
 VARIANTS: list[dict[str, Any]] = [
     {},
@@ -71,7 +72,7 @@ def sweep(name: str, seeds: int, horizon: float | None) -> None:
     cells = " ".join(f"{k} {v:.3f}" for k, v in a0.items())
     print(f"| static:best | {g0:.3f} | — | — | {cells} |", flush=True)
     for kw in VARIANTS:
-        g, a = mean_run(sc, lambda kw=kw: TokenLedgerController(base=BestStatic(sc), **kw), seeds)
+        g, a = mean_run(sc, lambda kw=kw: AroundBase(TokenLedgerController(**kw), BestStatic(sc)), seeds)
         drop = min(a[k] - a0[k] for k in a)
         label = "token:best" + (f" {json.dumps(kw)}" if kw else " (defaults)")
         cells = " ".join(f"{k} {v:.3f}" for k, v in a.items())
@@ -84,13 +85,13 @@ def harm(spec: str, seeds: int, horizon: float | None) -> None:
     vi = [t.name for t in sc.tenants].index(victim)
     slo = sc.control_spec().tenants[vi].slo_ttft_s
     for label, make in (("static:best", lambda: BestStatic(sc)),
-                        ("token:best, 10% lendable", lambda: TokenLedgerController(base=BestStatic(sc),
-                                                                                    borrow_frac=0.1))):
+                        ("token:best, 10% lendable",
+                         lambda: AroundBase(TokenLedgerController(borrow_frac=0.1), BestStatic(sc)))):
         bins: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for s in range(SEED0, SEED0 + seeds):
             ctrl = make()
             ctrl.reset(sc.control_spec(), s)
-            caps = list(ctrl.quota) if isinstance(ctrl, TokenLedgerController) else list(ctrl.cap)
+            caps = list(ctrl.inner.quota) if isinstance(ctrl, AroundBase) else list(ctrl.cap)
             inner = ctrl.act
 
             def act(obs: Observation, inner: Any = inner, caps: list[int] = caps, bins: Any = bins) -> list[int]:

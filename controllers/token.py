@@ -25,16 +25,16 @@ until its first token and the KV cache until its last (llm-d's capacity-ledger d
    i fit if Σ tokens_in_flight + Δ·f_i ≤ ``kv_target``·K and Σ prefill_tokens + Δ·p_i ≤ P (p_i: the mean
    prompt it has queued).
 
-``token:best`` (``base`` = static:best) treats the tuned caps as **quotas** and lends above them, as Kueue's
-cohorts lend unused quota: it first walks to the quotas as static:best does; a donor gives back only what it
-borrowed (never below its quota); lending needs every latency tenant *healthy* — the Wilson upper bound of
-its miss share ≤ ``healthy_frac`` × miss_target over ≥ ``min_samples`` requests — and the lent footprint
-Σ_i (limit_i − quota_i)⁺·f_i stays ≤ ``borrow_frac``·K, because a lent request comes back only when it
-ends; an unused loan is returned (``cut_below=True``, an ablation, lets a tenant with no TTFT/TPOT
-objective be cut below its quota too, and returns it after hold_s; ``own_excused`` leaves tenants that miss
-at their own limit out of the health check, ``fresh_only`` then lends only to a queue whose wait is under
-own_frac × its TTFT objective: docs/controllers.md measures all three). Without token features (slot engine)
-f_i = 1 and the ledgers never bind. The lending defaults came from a first look at h200-mixed and
+``token:best`` (static:best's caps as its anchors, controllers/around.py) treats the tuned caps as **quotas**
+and lends above them, as Kueue's cohorts lend unused quota: it first walks to the quotas as static:best does;
+a donor gives back only what it borrowed (never below its quota); lending needs every latency tenant *healthy*
+— the Wilson upper bound of its miss share ≤ ``healthy_frac`` × miss_target over ≥ ``min_samples`` requests —
+and the lent footprint Σ_i (limit_i − quota_i)⁺·f_i stays ≤ ``borrow_frac``·K, because a lent request comes
+back only when it ends; an unused loan is returned (``cut_below=True``, an ablation, lets a tenant with no
+TTFT/TPOT objective be cut below its quota too, and returns it after hold_s; ``own_excused`` leaves tenants
+that miss at their own limit out of the health check, ``fresh_only`` then lends only to a queue whose wait is
+under own_frac × its TTFT objective: docs/controllers.md measures all three). Without token features (slot
+engine) f_i = 1 and the ledgers never bind. The lending defaults came from a first look at h200-mixed and
 h200-azure-2023 in 600-900 s episodes on seeds 1000+ and were checked on family training instances
 (h200-mix@2, @4, @6; docs/controllers.md has both). No randomness.
 """
@@ -42,7 +42,7 @@ h200-azure-2023 in 600-900 s episodes on seeds 1000+ and were checked on family 
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
 
 from admit.controllers.slo_bound import MissHistory, share_above
 from admit.core.observation import Observation, TenantObservation
@@ -65,7 +65,7 @@ class TokenLedgerController:
     def __init__(self, miss_target: float = 0.05, z: float = 1.645, history_s: float = 30.0,
                  kv_target: float = 0.85, kv_high: float = 0.95, cut: float = 0.25, hold_s: float = 10.0,
                  p_grow: float = 1.05, own_frac: float = 0.5, urgent_frac: float = 0.5,
-                 half_life_s: float = 60.0, waiting_high: float = 5.0, base: Any = None,
+                 half_life_s: float = 60.0, waiting_high: float = 5.0,
                  healthy_frac: float = 0.5, min_samples: float = 20.0, borrow_frac: float = 0.03,
                  cut_below: bool = False, own_excused: bool = False, fresh_only: bool = False) -> None:
         self.miss_target, self.z, self.history_s = miss_target, z, history_s
@@ -75,16 +75,10 @@ class TokenLedgerController:
         self.healthy_frac, self.min_samples, self.borrow_frac = healthy_frac, min_samples, borrow_frac
         self.cut_below = cut_below
         self.own_excused, self.fresh_only = own_excused, fresh_only
-        self.base = base  # a static controller whose caps are the quotas (token:best), or None
-        if base is not None:
-            self.name = f"token:{base.name.partition(':')[2] or 'base'}"
 
-    def bind_scenario(self, scenario: Any) -> None:
-        bind = getattr(self.base, "bind_scenario", None)
-        if bind is not None:
-            bind(scenario)
-
-    def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
+    def reset(self, spec: ControlSpec, seed: int | None = None, anchors: Sequence[int] | None = None) -> None:
+        """Start an episode; ``anchors`` (per tenant), when given, are the quotas it lends above (token:best gets
+        static:best's caps through controllers/around.py)."""
         self.spec, n = spec, spec.n_tenants
         self.latency = [math.isfinite(t.slo_ttft_s) or math.isfinite(t.slo_tpot_s) for t in spec.tenants]
         self.miss = [MissHistory(self.history_s) for _ in range(n)]
@@ -99,12 +93,8 @@ class TokenLedgerController:
         self.prompt = [0.0] * n  # mean prompt of the requests it has queued, last seen
         self.hold_until = [-math.inf] * n
         self.timeout = spec.queue_timeout_s if math.isfinite(spec.queue_timeout_s) else math.inf
-        self.quota: list[int] | None = None
         self.ramping = [True] * n
-        if self.base is not None:
-            self.base.reset(spec, seed)
-            caps = self.base.cap
-            self.quota = [spec.limits.clamp(int(c)) for c in ([caps] * n if isinstance(caps, int) else caps)]
+        self.quota = None if anchors is None else [spec.limits.clamp(int(c)) for c in anchors]
 
     # ------------------------------------------------------------------ readings
     def _at_risk(self, i: int, t: TenantObservation, now: float) -> bool:

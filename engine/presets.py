@@ -157,7 +157,7 @@ _COMMITTED = dict(PRESETS)  # what `overriding` may replace for a while
 def override_of(name: str) -> Preset | None:
     """The preset in effect under ``name`` if `overriding` put another in place of the committed one (say, a
     fresh `admit calibrate` fit), else None. What was tuned on one engine must not be found for the other
-    (evaluate/tune.py's fingerprint takes it in)."""
+    (agents/static_best.py's fingerprint takes it in)."""
     p = PRESETS.get(name)
     return None if p is None or p == _COMMITTED.get(name) else p
 

@@ -20,12 +20,11 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
-from admit.controllers.registry import make_controller
+from admit.agents.registry import make_controller
 from admit.core.controller import Controller
-from admit.envs.compiled import make_simulation
+from admit.envs.rollout import Episode, rollout
 from admit.envs.scenario import Scenario, load_scenario
 from scipy import stats
 
@@ -73,14 +72,10 @@ TENANT_METRICS = (
     "good",
 )
 
-# One episode: the overall metrics (floats, `METRICS` and a few counts) and ``"tenants"``: {name: {metric: float}}.
-Episode = dict[str, Any]
-
-
 def make_bound(policy: str, scenario: Scenario | None) -> Controller:
     """``make_controller(policy)``, bound to ``scenario`` when the policy asks for it with ``bind_scenario``:
     ``static:best`` needs the scenario's workload to find its tuned caps, which the ControlSpec it gets at
-    ``reset`` does not carry (evaluate/tune.py)."""
+    ``reset`` does not carry (agents/static_best.py)."""
     ctrl = make_controller(policy)
     bind = getattr(ctrl, "bind_scenario", None)
     if bind is not None and scenario is not None:
@@ -88,23 +83,14 @@ def make_bound(policy: str, scenario: Scenario | None) -> Controller:
     return ctrl
 
 
-def rollout(scenario: Scenario, policy: str, seed: int) -> Episode:
-    """Run one episode of ``policy`` on ``seed``; returns the episode metrics, overall and per tenant."""
-    ctrl = make_bound(policy, scenario)
-    ctrl.reset(scenario.control_spec(), seed)
-    sim = make_simulation(scenario, seed)
-    stats = sim.run(ctrl, name=policy)
-    out: Episode = dict(sim.summary())
-    # the overall e2e percentiles under the names the tenants' figures use (p50_s/p99_s stay for old readers)
-    out.setdefault("e2e_p50_s", out["p50_s"])
-    out.setdefault("e2e_p99_s", out["p99_s"])
-    out["mean_limit"] = stats.mean_limit
-    out["tenants"] = sim.tenant_summary()
-    return out
+def run_policy(scenario: Scenario, policy: str, seed: int) -> Episode:
+    """One episode of the policy named ``policy`` on ``seed`` (admit.envs.rollout.rollout, the function the
+    static-caps search scores with); returns the episode metrics, overall and per tenant."""
+    return rollout(scenario, make_bound(policy, scenario), seed, name=policy)
 
 
 def _job(args: tuple[Scenario, str, int]) -> Episode:
-    return rollout(*args)
+    return run_policy(*args)
 
 
 def summarize(values: Sequence[float]) -> dict[str, float | list[float]]:

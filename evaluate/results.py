@@ -7,7 +7,7 @@ The scenarios are seed-paper and every bundled token-engine scenario unless ``--
 ``--extra-scenario`` adds any name `load_scenario` accepts (a bundled name, a YAML path, a family instance
 ``FAMILY@SEED``). For each it runs ``evaluate.offline.evaluate`` with the baseline first, so every p-value is
 a paired Wilcoxon test against it on seeds 0..N-1 (disjoint from training and tuning seeds). The baseline is
-``static:best``, per-tenant static caps tuned for goodput on other seeds (evaluate/tune.py), followed by plain
+``static:best``, per-tenant static caps tuned for goodput on other seeds (agents/static_best.py), followed by plain
 ``static`` (the scenario's initial caps); where the registry cannot make ``static:best`` the baseline is
 plain ``static`` and the report says so. It writes the JSON next to the report (docs/results/NAME.json),
 a Pareto plot of goodput against the worst tenant's attainment (docs/results/NAME.png), and per scenario
@@ -91,7 +91,7 @@ def baseline(scenario: str) -> tuple[str, str | None]:
     """The baseline of ``scenario``'s table and, where it is not ``static:best``, why not.
 
     ``static:best`` when the registry makes it and, bound to the scenario, it resets on the scenario's spec
-    (where no tuned caps are stored for the scenario that reset may tune them, once: evaluate/tune.py);
+    (where no tuned caps are stored for the scenario that reset may tune them, once: agents/static_best.py);
     otherwise plain ``static`` with the error that kept ``static:best`` out (the report prints it). A scenario
     that does not load is left to fail where it is evaluated, with its own message.
     """

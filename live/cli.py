@@ -52,7 +52,7 @@ def control(
         "that fit of the engine (static:best deploys caps tuned on it) instead of the scenario's preset"),
 ) -> None:
     """Drive the gateway's per-tenant limits with a policy: observe, decide, clamp, apply, every interval."""
-    from admit.controllers.registry import make_controller
+    from admit.agents.registry import make_controller
     from admit.core.wire import spec_from_json
     from admit.live.control import GatewayClient
 

@@ -9,7 +9,7 @@ long-context-chat: a long-context tenant (prompts of thousands up to 100k tokens
 tenant, where the scenario's default caps thrash the KV cache.
 
 The default policies: ``static:best`` (per-tenant caps tuned for goodput offline on seeds 900000–900004,
-shipped in evaluate/static_best/; never the demo's seed), the best hand-written controller on this scenario
+shipped in agents/pretrained/static-best/; never the demo's seed), the best hand-written controller on this scenario
 in docs/RESULTS.md (``token:best``), and ``ppo:general`` (the one learned policy for every scenario, acting
 around static:best's caps) when it is shipped. A request is good when it completes within every per-request
 objective of its tenant (the load generator checks them as the simulator does); a tenant's attainment is its
@@ -47,7 +47,7 @@ BIN_S = 5.0  # the goodput series counts good completions per bin of this many s
 def policy_loads(policy: str, scenario: str) -> str | None:
     """None if ``policy`` can be built and reset on ``scenario``'s control spec, else why not."""
     try:
-        from admit.controllers.registry import make_controller
+        from admit.agents.registry import make_controller
 
         sc = load_scenario(scenario)
         make_controller(policy, scenario=sc).reset(sc.control_spec(), 0)

@@ -31,7 +31,7 @@ each policy's live and simulated figures side by side with the difference.
 
 ``calibration`` (an `admit calibrate` result of the backend) replaces the scenario's engine preset by its fit
 wherever a model of the engine is used: the policies are bound to the scenario on it, in this process (where
-static:best is tuned, before the first run, if it has no caps for that engine yet: evaluate/tune.py's
+static:best is tuned, before the first run, if it has no caps for that engine yet: agents/static_best.py's
 fingerprint takes the fit in) and in every run's `admit control --calibration`, so the live baseline deploys
 caps tuned for the engine it runs on; and the twin simulates it.
 

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from admit.controllers.registry import make_controller
+from admit.agents.registry import make_controller
 from admit.core import percentiles
 from admit.core.observation import Observation
 from admit.engine.fidelity import SIM2LIVE_SECTION as SECTION

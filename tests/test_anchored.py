@@ -9,13 +9,14 @@ import pytest
 import torch
 import yaml
 from admit.agents import set_codec
+from admit.agents.registry import make_controller
 from admit.agents.sb3_policy import SB3Policy
 from admit.agents.set_policy import TenantSetPolicy
-from admit.controllers.registry import make_controller
+from admit.agents.static_best import tuned_caps
+from admit.controllers.around import AroundBase
 from admit.core.spec import Limits
 from admit.envs.scenario import load_scenario
-from admit.evaluate.offline import rollout
-from admit.evaluate.tune import tuned_caps
+from admit.evaluate.offline import run_policy
 from admit.train.worlds import SetEnv, Worlds
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3 import PPO
@@ -64,7 +65,7 @@ def test_holding_the_anchors_is_static_best_step_for_step() -> None:
         _, _, term, trunc, info = env.step(hold)
         limits.append(list(info["limits"]))
         done = term or trunc
-    best = rollout(sc, "static:best", seed=7)
+    best = run_policy(sc, "static:best", seed=7)
     assert limits[-1] == caps and limits[0] != caps  # it ramped from the initial caps to the tuned ones
     assert info["episode_metrics"]["goodput_rps"] == best["goodput_rps"]
     assert info["episode_metrics"]["completed"] == best["completed"]
@@ -93,12 +94,13 @@ def test_an_untrained_anchored_policy_holds_and_a_trained_one_deploys_with_stati
     assert result.exit_code == 0, result.output
     sc = load_scenario("h200-live-small")
     controller = make_controller(f"ppo:{out}", scenario=sc)
-    assert isinstance(controller, SB3Policy) and controller.anchored
-    ep, best = rollout(sc, f"ppo:{out}", seed=3), rollout(sc, "static:best", seed=3)
+    assert isinstance(controller, AroundBase) and controller.name == f"ppo:{out}"  # around static:best's caps
+    assert isinstance(controller.inner, SB3Policy) and controller.inner.anchored
+    ep, best = run_policy(sc, f"ppo:{out}", seed=3), run_policy(sc, "static:best", seed=3)
     # 64 steps leave "hold" the mode everywhere: the deployed policy is static:best, caps found the same way
     assert ep["goodput_rps"] == best["goodput_rps"] and ep["completed"] == best["completed"]
     bare = SB3Policy("ppo", str(out))
-    with pytest.raises(ValueError, match="acts around tuned caps and has no base"):
+    with pytest.raises(ValueError, match="acts around tuned caps and was given none"):
         bare.reset(sc.control_spec(), 3)
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 from admit.envs.scenario import load_scenario
-from admit.evaluate.offline import rollout
+from admit.evaluate.offline import run_policy
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
@@ -28,7 +28,7 @@ def simpy_peer():
 def test_simpy_peer_serves_the_same_requests_as_admit_seed_by_seed(simpy_peer, policy: str) -> None:
     sc = load_scenario("seed-paper", horizon_s=600.0)
     for seed in (0, 1):
-        ours, peer = rollout(sc, policy, seed), simpy_peer.simpy_rollout(sc, policy, seed)
+        ours, peer = run_policy(sc, policy, seed), simpy_peer.simpy_rollout(sc, policy, seed)
         for metric in ("throughput_rps", "p99_s", "p50_s", "dropped"):
             assert peer[metric] == pytest.approx(ours[metric], rel=1e-9, abs=1e-12), (policy, seed, metric)
     assert ours["dropped"] > 0 or policy == "static"  # the heuristics shed load: the gate and timeouts matter

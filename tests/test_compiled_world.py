@@ -16,7 +16,7 @@ import admit.envs  # noqa: F401  (registers the env ids)
 import gymnasium as gym
 import numpy as np
 import pytest
-from admit.controllers.registry import make_controller
+from admit.agents.registry import make_controller
 from admit.core.loop import run_loop
 from admit.core.observation import Observation
 from admit.envs.compiled import CompiledSimulation, _rule_of, make_simulation

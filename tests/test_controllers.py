@@ -1,7 +1,7 @@
 import pytest
+from admit.agents.registry import make_controller
 from admit.controllers.differentiated import DifferentiatedController
 from admit.controllers.naive import NaiveController
-from admit.controllers.registry import make_controller
 from admit.controllers.static import StaticController
 from admit.core.controller import validate_deltas
 from admit.core.observation import Observation, TenantObservation

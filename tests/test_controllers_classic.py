@@ -4,11 +4,11 @@ import math
 
 import numpy as np
 import pytest
+from admit.agents.registry import make_controller
 from admit.controllers.aimd import AIMDController
 from admit.controllers.common import latency_kind, to_delta
 from admit.controllers.envoy import EnvoyGradientController
 from admit.controllers.gradient2 import Gradient2Controller
-from admit.controllers.registry import make_controller
 from admit.controllers.saturation import SaturationGateController
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, Limits, TenantSpec

@@ -6,7 +6,7 @@ import sys
 
 import pytest
 from admit.envs.scenario import load_scenario
-from admit.evaluate.offline import evaluate, paired_p, rollout
+from admit.evaluate.offline import evaluate, paired_p, run_policy
 
 # The published study's table (20 seeds × 1800 s) and the tolerances.
 STUDY = {
@@ -18,9 +18,9 @@ STUDY = {
 
 def test_common_random_numbers_same_requests_for_every_policy():
     sc = load_scenario("seed-paper")
-    a = rollout(sc, "static", 3)
-    b = rollout(sc, "naive", 3)
-    c = rollout(sc, "static", 3)
+    a = run_policy(sc, "static", 3)
+    b = run_policy(sc, "naive", 3)
+    c = run_policy(sc, "static", 3)
     assert a["arrived"] == b["arrived"]  # same workload on the same seed
     assert a == c  # and the same policy gives the same result
 
@@ -210,7 +210,7 @@ def short_eval() -> dict:
 
 def test_rollout_counts_every_tenant_and_the_tenants_add_up_to_the_total():
     sc = load_scenario("h200-mixed", horizon_s=SHORT_S)
-    r = rollout(sc, "static", 1)
+    r = run_policy(sc, "static", 1)
     tenants = r["tenants"]
     assert list(tenants) == [t.name for t in sc.tenants]
     assert sum(t["good"] for t in tenants.values()) == pytest.approx(r["goodput_rps"] * SHORT_S)
@@ -337,7 +337,7 @@ def test_pareto_plot_of_goodput_vs_worst_tenant_attainment_is_written(short_eval
 
 
 def test_results_put_static_best_first_where_the_registry_makes_it(monkeypatch):
-    from admit.controllers.registry import make_controller
+    from admit.agents.registry import make_controller
     from admit.controllers.static import StaticController
     from admit.evaluate import offline, results
 

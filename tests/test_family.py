@@ -24,7 +24,7 @@ from admit.envs.family import (
 from admit.envs.registration import ENV_ID
 from admit.envs.scenario import ScenarioError, bundled_scenarios, load_scenario
 from admit.envs.simulation import Simulation, draw_requests
-from admit.evaluate.offline import rollout
+from admit.evaluate.offline import run_policy
 from typer.testing import CliRunner
 
 import admit  # noqa: F401  (registers the env)
@@ -197,7 +197,7 @@ def test_the_env_and_evaluate_take_an_instance_name():
     for _ in range(3):
         obs, *_ = env.step(np.full(n, env.unwrapped.k))
     assert env.observation_space.contains(obs)
-    r = rollout(load_scenario("h200-mix@10000", horizon_s=30), "static", 0)
+    r = run_policy(load_scenario("h200-mix@10000", horizon_s=30), "static", 0)
     assert r["arrived"] > 0
 
 
@@ -275,8 +275,8 @@ def test_long_context_chat_static_64_thrashes_and_4_256_does_much_better():
     """The issue's contrast, on 300 s and two seeds: caps of 64 let the long prompts overfill the KV cache."""
     sc = load_scenario("long-context-chat", horizon_s=300)
     for seed in (0, 1):
-        default = rollout(sc, "static:64", seed)
-        tuned = rollout(sc, "static:4,256", seed)
+        default = run_policy(sc, "static:64", seed)
+        tuned = run_policy(sc, "static:4,256", seed)
         assert default["throughput_rps"] < 0.45 * tuned["throughput_rps"]
         assert default["goodput_rps"] < 0.2 * tuned["goodput_rps"]
         assert default["attainment"] < 0.15 < 0.6 < tuned["attainment"]

@@ -3,18 +3,18 @@
 import math
 
 import pytest
+from admit.agents.registry import make_controller
 from admit.controllers.field import (
     DynamoWdrrController,
     LlmdShedController,
     LlmdSoftController,
     VllmTokenCapController,
 )
-from admit.controllers.registry import make_controller
 from admit.core.controller import validate_deltas
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.envs.scenario import load_scenario
-from admit.evaluate.offline import rollout
+from admit.evaluate.offline import run_policy
 
 FIELD = ("llmd-shed", "llmd-soft", "vllm-tokencap", "dynamo-wdrr")
 # a wide step so that one decision reaches its target
@@ -176,7 +176,7 @@ def test_registry_builds_each(name: str):
 @pytest.mark.parametrize("name", FIELD)
 def test_whole_episode_on_long_context_chat(name: str):
     sc = load_scenario("long-context-chat", horizon_s=60)
-    r = rollout(sc, name, 1)  # Simulation validates every decision's deltas (validate_deltas)
+    r = run_policy(sc, name, 1)  # Simulation validates every decision's deltas (validate_deltas)
     assert r["arrived"] > 0 and r["completed"] > 0
     assert 0.0 <= r["worst_attainment"] <= 1.0 and r["goodput_rps"] >= 0.0
     # and one decision by hand, on the scenario's own spec

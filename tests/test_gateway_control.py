@@ -23,7 +23,7 @@ import aiohttp
 import pytest
 from admit.agents.llm_config import LLMConfig
 from admit.agents.llm_policy import LLMPolicy
-from admit.controllers.registry import make_controller
+from admit.agents.registry import make_controller
 from admit.core.observation import Observation
 from admit.core.spec import ControlSpec
 from admit.core.wire import spec_from_json

@@ -11,12 +11,13 @@ import torch
 import yaml
 from admit.agents import set_codec
 from admit.agents.set_policy import TenantSetPolicy
+from admit.agents.static_best import all_stores, tuned_caps
 from admit.core.spec import Limits
 from admit.envs.scenario import load_scenario
-from admit.evaluate import tune
-from admit.evaluate.tune import TUNING_SEEDS, all_stores, pool_caps, tuned_caps
+from admit.train import worlds
 from admit.train.imitation import expert_choices
-from admit.train.worlds import SetEnv, Worlds
+from admit.train.static_search import TUNING_SEEDS
+from admit.train.worlds import SetEnv, Worlds, pool_caps
 from stable_baselines3 import PPO
 from typer.testing import CliRunner
 
@@ -45,11 +46,11 @@ def test_pool_caps_on_fewer_seeds_are_cached_apart_from_static_best(tmp_path: Pa
     sc = load_scenario("h200-live-small")
     one = pool_caps(sc, TUNING_SEEDS[:1], workers=1)
     assert one.seeds == TUNING_SEEDS[:1] and len(one.caps) == len(sc.tenants)
-    path = tune.pool_path(sc, TUNING_SEEDS[:1])
+    path = worlds.pool_path(sc, TUNING_SEEDS[:1])
     assert one.path == path and path.exists()
     assert all(st.path != path for st in all_stores())  # static:best never deploys it
     stamp = path.stat().st_mtime_ns
-    tune._POOL.clear()
+    worlds._POOL.clear()
     again = pool_caps(sc, TUNING_SEEDS[:1], workers=1)
     assert again.caps == one.caps and path.stat().st_mtime_ns == stamp  # read back, not tuned again
     assert pool_caps(sc).caps == tuned_caps(sc).caps

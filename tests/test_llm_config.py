@@ -8,7 +8,7 @@ from admit.agents.llm_config import LOCAL_API_KEY, load_config
 from admit.agents.llm_prompt import PromptTemplate, build_messages, snapshot
 from admit.agents.prompt_cache import LRUCache
 from admit.agents.rate_budget import TokenBucket
-from admit.controllers.registry import make_controller
+from admit.agents.registry import make_controller
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, TenantSpec
 

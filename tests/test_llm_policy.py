@@ -12,7 +12,7 @@ import pytest
 from admit.agents.decision_log import read_log
 from admit.agents.llm_config import LLMConfig
 from admit.agents.llm_policy import LLMPolicy
-from admit.controllers.registry import make_controller
+from admit.agents.registry import make_controller
 from admit.core.controller import Controller, policy_failure, validate_deltas
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, Limits, TenantSpec

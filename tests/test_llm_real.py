@@ -16,7 +16,7 @@ from admit.agents.llm_policy import LLMPolicy
 from admit.core.controller import validate_deltas
 from admit.envs.scenario import load_scenario
 from admit.envs.simulation import Simulation
-from admit.evaluate.offline import rollout
+from admit.evaluate.offline import run_policy
 
 URL = os.environ.get("ADMIT_LLM_URL", "")
 pytestmark = [
@@ -64,7 +64,7 @@ def test_real_model_drives_the_evaluation_loop(monkeypatch: pytest.MonkeyPatch, 
     monkeypatch.setenv("ADMIT_LLM_TIMEOUT_S", str(TIMEOUT_S))
     monkeypatch.setenv("ADMIT_LLM_LOG", str(log))
     sc = load_scenario("seed-paper", horizon_s=120)  # 40 intervals: 4 decisions
-    metrics = rollout(sc, f"llm:{URL}", seed=1)
+    metrics = run_policy(sc, f"llm:{URL}", seed=1)
     assert metrics["throughput_rps"] > 0
     lines = log.read_text().splitlines()
     assert len(lines) == 4

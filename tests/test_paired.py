@@ -10,16 +10,18 @@ import pytest
 import torch
 import yaml
 from admit.agents import set_codec
+from admit.agents.registry import make_controller
 from admit.agents.sb3_policy import SB3Policy
-from admit.controllers.registry import make_controller
+from admit.agents.static_best import tuned_caps
+from admit.controllers.around import AroundBase
 from admit.controllers.static import StaticController
 from admit.core.spec import Limits
 from admit.envs.compiled import CompiledSimulation
 from admit.envs.kernels import T_ARRIVED, T_GOOD
 from admit.envs.scenario import load_scenario
-from admit.evaluate.offline import rollout
-from admit.evaluate.tune import tuned_caps
+from admit.evaluate.offline import run_policy
 from admit.train.config import TrainConfigError, load_config
+from admit.train.static_search import TUNING_SEEDS
 from admit.train.worlds import Paired, SetEnv, Worlds
 from gymnasium.utils.env_checker import check_env
 from typer.testing import CliRunner
@@ -91,7 +93,7 @@ def test_holding_earns_exactly_nothing_and_a_deviation_earns_its_paired_differen
         done = term or trunc
     assert env.inner is not None and env.inner.sim is not None
     mine = {n: v["good"] for n, v in env.inner.sim.tenant_summary().items()}
-    best = {n: v["good"] for n, v in rollout(sc, "static:best", seed=11)["tenants"].items()}
+    best = {n: v["good"] for n, v in run_policy(sc, "static:best", seed=11)["tenants"].items()}
     diff = np.array([mine[n] - best[n] for n in best])
     assert diff[0] < 0  # the cut tenant is short of its anchors' count: its penalty is in the sum
     assert total == pytest.approx(diff.sum() + 4.0 * np.minimum(diff, 0).sum(), abs=1e-9)
@@ -158,10 +160,12 @@ def test_a_wide_anchored_policy_deploys_with_its_own_choice_set(tmp_path: Path) 
     result = CliRunner().invoke(app, ["train", "--config", str(cfg), "--out", str(out), "--no-progress"])
     assert result.exit_code == 0, result.output
     sc = load_scenario("h200-live-small")
-    ctrl = make_controller(f"ppo:{out}", scenario=sc)
+    wrapped = make_controller(f"ppo:{out}", scenario=sc)
+    assert isinstance(wrapped, AroundBase)  # it acts around static:best's caps
+    ctrl = wrapped.inner
     assert isinstance(ctrl, SB3Policy) and ctrl.anchored
     assert ctrl.model.policy.set_factors == "wide"
-    ctrl.reset(sc.control_spec(), 3)
+    wrapped.reset(sc.control_spec(), 3)
     caps = list(tuned_caps(sc).caps)
     assert ctrl.anchors == caps
     with torch.no_grad():  # make "×8" every slot's choice
@@ -178,8 +182,7 @@ def test_a_wide_anchored_policy_deploys_with_its_own_choice_set(tmp_path: Path) 
 
 def test_a_pool_tuned_one_instance_per_process_has_the_caps_of_one_search_at_a_time(tmp_path: Path,
                                                                                    monkeypatch) -> None:
-    from admit.evaluate import tune
-    from admit.train.worlds import tune_pool
+    from admit.train.worlds import pool_caps, tune_pool
 
     data = yaml.safe_load((Path(__file__).resolve().parents[1] / "envs/families/h200-shift.yaml").read_text())
     data["scenario"]["horizon_s"] = 240  # short episodes: a quick search
@@ -190,7 +193,7 @@ def test_a_pool_tuned_one_instance_per_process_has_the_caps_of_one_search_at_a_t
     parallel = tune_pool(worlds, workers=2, tune_seeds=1)
     assert len(list((tmp_path / "a" / "pool_caps").glob("*.json"))) == 2  # the processes wrote them
     monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "b"))
-    one = {sc.name: list(tune.pool_caps(sc, tune.TUNING_SEEDS[:1], workers=1).caps)
+    one = {sc.name: list(pool_caps(sc, TUNING_SEEDS[:1], workers=1).caps)
            for sc in (worlds.instance(s, str(fam)) for s in worlds.family_seeds(str(fam)))}
     assert parallel == one and len(one) == 2
 
@@ -209,7 +212,7 @@ def test_an_env_in_a_daemonic_worker_tunes_an_untuned_instance_itself(tmp_path: 
     tuned before must still get its caps there (tuned in that process), the caps of the same search anywhere."""
     import multiprocessing
 
-    from admit.evaluate import tune
+    from admit.train.worlds import pool_caps
 
     data = yaml.safe_load((Path(__file__).resolve().parents[1] / "envs/families/h200-shift.yaml").read_text())
     data["scenario"]["horizon_s"] = 240
@@ -226,4 +229,4 @@ def test_an_env_in_a_daemonic_worker_tunes_an_untuned_instance_itself(tmp_path: 
     got = queue.get(timeout=600)
     child.join()
     monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "b"))
-    assert got == list(tune.pool_caps(sc, tune.TUNING_SEEDS[:1], workers=1).caps)
+    assert got == list(pool_caps(sc, TUNING_SEEDS[:1], workers=1).caps)

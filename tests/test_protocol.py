@@ -219,8 +219,8 @@ def test_with_a_calibration_the_live_baseline_deploys_caps_tuned_on_that_engine(
     from admit.engine.presets import overriding, preset_from_calibration
     from admit.envs.scenario import load_scenario
     from admit.evaluate.offline import make_bound
-    from admit.evaluate.tune import fingerprint
     from admit.live.fidelity_real import SCENARIO, scaled
+    from admit.train.static_search import fingerprint
 
     monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "cache"))  # the control loop's process reads it too
     sc = scaled(load_scenario(str(SCENARIO)), 4.0)

@@ -2,7 +2,7 @@
 
 import numpy as np
 import pytest
-from admit.controllers.registry import make_controller
+from admit.agents.registry import make_controller
 from admit.controllers.robust import RobustController
 from admit.controllers.slo_bound import MissHistory, share_above, wilson
 from admit.core.observation import Observation, TenantObservation

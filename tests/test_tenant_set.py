@@ -9,13 +9,13 @@ import pytest
 import torch
 import yaml
 from admit.agents import set_codec
+from admit.agents.registry import make_controller
 from admit.agents.set_policy import SetExtractor, SlotCategorical, TenantSetPolicy
-from admit.controllers.registry import make_controller
 from admit.core.observation import Observation
 from admit.core.spec import Limits
 from admit.envs.family import sample_scenario
 from admit.envs.scenario import load_scenario
-from admit.evaluate.offline import rollout
+from admit.evaluate.offline import run_policy
 from admit.train.config import TrainConfigError, load_config
 from admit.train.worlds import SetEnv, Worlds, offered_rps
 from gymnasium.utils.env_checker import check_env
@@ -175,7 +175,7 @@ def test_family_training_writes_a_policy_that_acts_on_any_tenant_count(tmp_path:
     # one network, scenarios of 2, 3 and 8 tenants and max_step 1, 4 and 16
     for name, horizon in (("seed-paper", 60.0), ("h200-mixed", 40.0), ("servegen-skewed", 20.0)):
         sc = load_scenario(name, horizon_s=horizon)
-        ep = rollout(sc, f"ppo:{out}", seed=0)
+        ep = run_policy(sc, f"ppo:{out}", seed=0)
         assert ep["completed"] > 0 and len(ep["tenants"]) == len(sc.tenants)
     controller = make_controller(f"ppo:{out}")
     spec = load_scenario("seed-paper").control_spec()

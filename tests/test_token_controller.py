@@ -3,13 +3,14 @@
 import math
 
 import pytest
-from admit.controllers.registry import make_controller
+from admit.agents.registry import make_controller
+from admit.controllers.around import AroundBase
 from admit.controllers.token import TokenLedgerController
 from admit.core.controller import validate_deltas
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.envs.scenario import load_scenario
-from admit.evaluate.offline import rollout
+from admit.evaluate.offline import run_policy
 
 LIMITS = Limits(min=1, max=256, initial=32, max_step=8)
 CHAT = TenantSpec("chat", slo_ttft_s=0.5, slo_tpot_s=0.05)
@@ -95,9 +96,9 @@ def test_token_best_walks_to_its_quotas_and_never_cuts_a_latency_tenant_below_th
         def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
             pass
 
-    c = TokenLedgerController(base=Quota())
+    c = AroundBase(TokenLedgerController(), Quota(), name="token:q")  # how the registry makes token:best
     c.reset(spec(CHAT, BATCH))
-    assert c.name == "token:q" and c.quota == [16, 4]
+    assert c.name == "token:q" and c.inner.quota == [16, 4]
     first = c.act(obs([chat(slow=False), batch(in_flight=4)], 2.0))
     assert first == [-8, -8]  # the ramp: toward 16 and 4 by max_step
     ramp = c.act(obs([chat(slow=False, limit=24), batch(limit=24, in_flight=4)], 4.0))
@@ -108,8 +109,8 @@ def test_token_best_walks_to_its_quotas_and_never_cuts_a_latency_tenant_below_th
         d = c.act(obs(at, 2.0 * i))
         assert d[1] == 0  # the donor has borrowed nothing: it keeps its quota
     # no victim, a backlogged tenant at its quota, chat not yet healthy with confidence: no loan
-    c2 = TokenLedgerController(base=Quota())
-    c2.reset(spec(CHAT, BATCH))
+    c2 = TokenLedgerController()
+    c2.reset(spec(CHAT, BATCH), anchors=Quota.cap)
     c2.ramping = [False, False]
     d = c2.act(obs([chat(slow=False, limit=16), batch(limit=4, in_flight=4, queue_depth=6)], 2.0))
     assert d[1] == 0
@@ -152,8 +153,8 @@ def test_the_ledger_rescues_a_kv_cache_that_static_caps_thrash() -> None:
     """long-context-chat: default caps of 64 let long prompts overfill the KV cache; the ledger cuts the
     long-context tenant (it can wait) and the chat tenant keeps its objectives."""
     sc = load_scenario("long-context-chat", horizon_s=300)
-    static = [rollout(sc, "static", s)["goodput_rps"] for s in (0, 1)]
-    token = [rollout(sc, "token", s) for s in (0, 1)]
+    static = [run_policy(sc, "static", s)["goodput_rps"] for s in (0, 1)]
+    token = [run_policy(sc, "token", s) for s in (0, 1)]
     assert all(t["goodput_rps"] > 2 * s for t, s in zip(token, static, strict=True))
     assert all(t["tenants"]["chat"]["attainment"] > 0.5 for t in token)
 

@@ -105,7 +105,7 @@ def test_evaluate_runs_on_a_token_scenario():
 def test_a_warmup_serves_its_requests_but_keeps_them_out_of_every_figure():
     """``warmup_s``: the same world, decision for decision; the requests that arrived before it are counted in
     ``warmup_totals`` alone, so totals + warm-up totals are the run without one, and rates are over the rest."""
-    from admit.controllers.registry import make_controller
+    from admit.agents.registry import make_controller
 
     sc = load_scenario("h200-live-small", horizon_s=40.0)
     runs = []

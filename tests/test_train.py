@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
-from admit.controllers.registry import make_controller
+from admit.agents.registry import make_controller
 from admit.envs.scenario import load_scenario
 from admit.envs.simulation import Simulation
 from admit.train.config import TrainConfigError, load_config

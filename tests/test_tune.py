@@ -1,4 +1,5 @@
-"""admit tune-static and static:best (evaluate/tune.py): the search, the stores, the seed rule, the verb."""
+"""admit tune-static (train/static_search.py) and static:best (agents/static_best.py): the search, the stores, the
+seed rule, the verb."""
 
 import json
 import math
@@ -8,11 +9,12 @@ from pathlib import Path
 
 import pytest
 import yaml
-from admit.controllers.registry import make_controller
+from admit.agents import static_best as best
+from admit.agents.registry import make_controller
 from admit.core.spec import Limits
 from admit.envs.scenario import load_scenario, parse_scenario
-from admit.evaluate import tune
-from admit.evaluate.offline import evaluate, rollout
+from admit.evaluate.offline import evaluate, run_policy
+from admit.train import static_search as search
 
 # One tenant on a pool of 4 slots, deterministic 1 s service, no admission queue (max_queue 0: over the limit
 # is a rejection), and a TTFT objective of 1 ms: a request is good only if it starts the moment it arrives.
@@ -45,8 +47,8 @@ def cache(tmp_path, monkeypatch):
     """A fresh cache for static:best, one worker for tunings on the fly, and no resolutions remembered."""
     monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("ADMIT_TUNE_WORKERS", "1")
-    monkeypatch.setattr(tune, "_RESOLVED", {})
-    monkeypatch.setattr(tune, "_BY_SPEC", {})
+    monkeypatch.setattr(best, "_RESOLVED", {})
+    monkeypatch.setattr(best, "_BY_SPEC", {})
     return tmp_path / "cache" / "static_best"
 
 
@@ -72,7 +74,7 @@ GRID = [1, 2, 4, 8, 16, 32, 64, 128, 256]
 def test_descent_finds_a_separable_optimum_and_stops_one_idle_round_after_the_last_move():
     target = (4, 32, 1)
     obj, _ = counting(lambda c: -sum((_log2(a) - _log2(t)) ** 2 for a, t in zip(c, target, strict=True)))
-    d = tune.coordinate_descent(obj, (64, 64, 64), tune.log_sweep([GRID] * 3))
+    d = search.coordinate_descent(obj, (64, 64, 64), search.log_sweep([GRID] * 3))
     assert d.best == target and d.converged and d.score == 0.0
     moves = [i for i, w in enumerate(d.sweeps) if w.moved]
     assert len(d.sweeps) == moves[-1] + 1 + 3  # after the last move, one sweep per tenant and no more
@@ -82,65 +84,65 @@ def test_descent_finds_a_separable_optimum_and_stops_one_idle_round_after_the_la
 def test_descent_needs_several_rounds_when_coordinates_interact():
     # on the log scale f = -(x0 - x1)²/2 - (x0 - 3)²: the optimum (8, 8) is reached only by alternating moves
     obj, _ = counting(lambda c: -0.5 * (_log2(c[0]) - _log2(c[1])) ** 2 - (_log2(c[0]) - 3) ** 2)
-    d = tune.coordinate_descent(obj, (256, 1), tune.log_sweep([GRID] * 2))
+    d = search.coordinate_descent(obj, (256, 1), search.log_sweep([GRID] * 2))
     assert d.best == (8, 8) and d.converged and d.rounds > 1
 
 
 def test_ties_go_to_the_smaller_cap():
     obj, _ = counting(lambda c: min(c[0], 16) + min(c[1], 8))  # caps above 16 and 8 change nothing
-    d = tune.coordinate_descent(obj, (64, 64), tune.log_sweep([GRID] * 2))
+    d = search.coordinate_descent(obj, (64, 64), search.log_sweep([GRID] * 2))
     assert d.best == (16, 8) and d.score == 24
 
 
 def test_rel_tol_trades_a_little_goodput_for_smaller_caps():
     value = {1: 0.5, 2: 0.99, 4: 1.0}
     obj, _ = counting(lambda c: value[c[0]])
-    assert tune.coordinate_descent(obj, (4,), tune.log_sweep([[1, 2, 4]])).best == (4,)
-    assert tune.coordinate_descent(obj, (4,), tune.log_sweep([[1, 2, 4]]), rel_tol=0.02).best == (2,)
+    assert search.coordinate_descent(obj, (4,), search.log_sweep([[1, 2, 4]])).best == (4,)
+    assert search.coordinate_descent(obj, (4,), search.log_sweep([[1, 2, 4]]), rel_tol=0.02).best == (2,)
 
 
 def test_dropped_candidates_are_never_chosen_and_a_bad_start_is_an_error():
     obj, _ = counting(lambda c: -math.inf if c[0] == 8 else float(c[0]))
-    assert tune.coordinate_descent(obj, (1,), tune.log_sweep([[1, 2, 8]])).best == (2,)
+    assert search.coordinate_descent(obj, (1,), search.log_sweep([[1, 2, 8]])).best == (2,)
     with pytest.raises(ValueError, match="start point"):
-        tune.coordinate_descent(obj, (8,), tune.log_sweep([[1, 2, 8]]))
+        search.coordinate_descent(obj, (8,), search.log_sweep([[1, 2, 8]]))
     with pytest.raises(ValueError, match="max_rounds"):
-        tune.coordinate_descent(obj, (1,), tune.log_sweep([[1]]), max_rounds=0)
+        search.coordinate_descent(obj, (1,), search.log_sweep([[1]]), max_rounds=0)
 
 
 def test_local_refinement_moves_between_neighbours_only():
     obj, calls = counting(lambda c: -abs(c[0] - 6))
-    d = tune.coordinate_descent(obj, (4,), tune.adjacent([tune.fine_grid([1, 2, 4, 8, 16])]), stage="refine")
+    d = search.coordinate_descent(obj, (4,), search.adjacent([search.fine_grid([1, 2, 4, 8, 16])]), stage="refine")
     assert d.best == (6,)
     assert set(calls) <= {(3,), (4,), (6,), (8,)}
 
 
 def test_grids():
-    assert tune.log_grid(Limits(min=2, max=256, initial=64, max_step=4)) == [2, 4, 8, 16, 32, 64, 128, 256]
-    assert tune.log_grid(Limits(min=1, max=4, initial=4, max_step=1)) == [1, 2, 4]
-    assert tune.log_grid(Limits(min=0, max=10, initial=3, max_step=1)) == [0, 1, 2, 3, 4, 8, 10]
-    assert tune.fine_grid([1, 2, 4, 8]) == [1, 2, 3, 4, 6, 8]
-    assert tune.fine_grid([4, 10]) == [4, 6, 10]
+    assert search.log_grid(Limits(min=2, max=256, initial=64, max_step=4)) == [2, 4, 8, 16, 32, 64, 128, 256]
+    assert search.log_grid(Limits(min=1, max=4, initial=4, max_step=1)) == [1, 2, 4]
+    assert search.log_grid(Limits(min=0, max=10, initial=3, max_step=1)) == [0, 1, 2, 3, 4, 8, 10]
+    assert search.fine_grid([1, 2, 4, 8]) == [1, 2, 3, 4, 6, 8]
+    assert search.fine_grid([4, 10]) == [4, 6, 10]
 
 
 def test_seed_spellings():
-    assert tune.parse_seeds("3..5") == [3, 4, 5]
-    assert tune.parse_seeds("7") == [7]
-    assert tune.parse_seeds("1,4") == [1, 4]
-    assert tune.format_seeds([3, 4, 5]) == "3..5" and tune.format_seeds([1, 4]) == "1,4"
+    assert search.parse_seeds("3..5") == [3, 4, 5]
+    assert search.parse_seeds("7") == [7]
+    assert search.parse_seeds("1,4") == [1, 4]
+    assert search.format_seeds([3, 4, 5]) == "3..5" and search.format_seeds([1, 4]) == "1,4"
     for bad, msg in (("5..3", "A <= B"), ("x", "integers"), ("1,1", "at most once"), ("-1", ">= 0"), ("", "integers")):
         with pytest.raises(ValueError, match=msg):
-            tune.parse_seeds(bad)
+            search.parse_seeds(bad)
 
 
 # ------------------------------------------------------------------------------------------ on the simulator
 def test_the_search_finds_the_provable_best_cap_of_a_slot_pool():
-    full = tune.tune_static(parse_scenario(TINY), seeds=[0, 1, 2], workers=1, race_margin=0)
+    full = search.tune_static(parse_scenario(TINY), seeds=[0, 1, 2], workers=1, race_margin=0)
     ob = full.objective
     scores = {c[0]: ob.mean(c) for c, _ in ob.episodes}
     assert full.best == (4,)
     assert scores[4] > scores[3] > scores[2] > scores[1] and scores[4] > scores[6] > scores[8] > scores[16]
-    raced = tune.tune_static(parse_scenario(TINY), seeds=[0, 1, 2], workers=1)
+    raced = search.tune_static(parse_scenario(TINY), seeds=[0, 1, 2], workers=1)
     assert raced.best == (4,) and raced.objective.rollouts < ob.rollouts
     assert (16,) in raced.objective.pruned and not raced.objective.complete((16,))  # dropped after one seed
     data = raced.to_json("test")
@@ -154,55 +156,59 @@ def test_the_search_finds_the_provable_best_cap_of_a_slot_pool():
 
 def test_workers_give_the_serial_result_and_the_cache_runs_each_episode_once():
     sc = parse_scenario(TINY)
-    serial = tune.tune_static(sc, seeds=[0, 1], workers=1, race_margin=0, measure_ramp=False)
-    pooled = tune.tune_static(sc, seeds=[0, 1], workers=2, race_margin=0, measure_ramp=False)
+    serial = search.tune_static(sc, seeds=[0, 1], workers=1, race_margin=0, measure_ramp=False)
+    pooled = search.tune_static(sc, seeds=[0, 1], workers=2, race_margin=0, measure_ramp=False)
     assert serial.best == pooled.best
     assert serial.objective.episodes == pooled.objective.episodes
     assert serial.objective.rollouts == len(serial.objective.episodes)  # no episode ran twice
     assert not serial.objective.pruned
 
 
-def test_an_episode_is_the_one_admit_evaluate_runs():
+def test_the_objective_is_the_figure_admit_evaluate_gives():
+    """The search scores caps with the episodes `admit evaluate` runs for ``static:CAPS``: the same function
+    (admit.envs.rollout), so the same goodput seed by seed, overall and per tenant."""
     sc = load_scenario("h200-live-small")
     caps = (12, 4)
-    ours = tune._episode((sc, caps, 3))
-    theirs = rollout(sc, tune.static_policy(caps), 3)
-    assert {k: ours[k] for k in tune.KEPT_METRICS} == {k: theirs[k] for k in tune.KEPT_METRICS}
-    assert ours["tenants"] == {
-        n: {k: v[k] for k in ("goodput_rps", "attainment")} for n, v in theirs["tenants"].items()
-    }
-    assert ours["mean_limit"] == pytest.approx(tune.mean_limit(sc, caps))
+    ob = search.SimObjective(sc, [3, 4], None, 1, race_margin=0)
+    (score,) = ob([caps])
+    policy = search.static_policy(caps)
+    ev = evaluate(sc, [policy], seeds=2, seed_base=3).to_json()["policies"][policy]
+    assert [ob.episodes[(caps, s)]["goodput_rps"] for s in (3, 4)] == ev["goodput_rps"]["values"]
+    assert score == pytest.approx(ev["goodput_rps"]["mean"], rel=1e-12)
+    for name, t in ev["tenants"].items():
+        assert [ob.episodes[(caps, s)]["tenants"][name]["attainment"] for s in (3, 4)] == t["attainment"]["values"]
+    assert ob.episodes[(caps, 3)]["mean_limit"] == pytest.approx(search.mean_limit(sc, caps))
 
 
 def test_caps_above_a_limit_that_never_bound_are_the_same_episode():
     light = {**TINY["tenants"][0], "name": "light", "arrival": {"kind": "poisson", "rate": 0.2}}
     sc = parse_scenario({**TINY, "tenants": [TINY["tenants"][0], light]})  # 'only' overloads, 'light' hardly
-    ob = tune.SimObjective(sc, [0], None, 1, race_margin=0)
+    ob = search.SimObjective(sc, [0], None, 1, race_margin=0)
     ob([(4, 8)])
     assert ob.episodes[((4, 8), 0)]["bound"] == [True, False]
     ob([(4, 16)])
     assert ob.rollouts == 1 and ob.inferred == 1
     inferred = dict(ob.episodes[((4, 16), 0)])
     assert inferred.pop("inferred_from") == [4, 8]
-    assert inferred == tune._episode((sc, (4, 16), 0))  # what running it gives
+    assert inferred == search._episode((sc, (4, 16), 0))  # what running it gives
     ob([(8, 8), (4, 4)])  # 'only' was held back at 4, and a smaller cap may bind: both run
     assert ob.rollouts == 3
 
 
 # ------------------------------------------------------------------------------------------ static:best
 def _shipped(name: str) -> dict:
-    return json.loads((tune.shipped_dir() / f"{name}.json").read_text())
+    return json.loads((best.shipped_dir() / f"{name}.json").read_text())
 
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_caps_are_fresh_and_disjoint_from_evaluation_seeds(name):
     data = _shipped(name)
     sc = load_scenario(data["source"])
-    assert data["fingerprint"] == tune.fingerprint(sc), (
+    assert data["fingerprint"] == search.fingerprint(sc), (
         f"{name} changed since its caps were tuned: admit tune-static --scenario {name} --workers 2 "
-        f"--out evaluate/static_best/{name}.json"
+        f"--out agents/pretrained/static-best/{name}.json"
     )
-    assert tuple(data["seeds"]) == tune.TUNING_SEEDS  # never an evaluation seed of admit evaluate (0..N-1)
+    assert tuple(data["seeds"]) == search.TUNING_SEEDS  # never an evaluation seed of admit evaluate (0..N-1)
     assert data["goodput_rps"] >= data["plain_static"]["goodput_rps"]
     assert data["command"].startswith(f"admit tune-static --scenario {name} ") and data["wall_s"] > 0
 
@@ -212,10 +218,10 @@ def test_shipped_caps_reproduce_their_goodput(name):
     """The stored episodes replay: the simulator has not changed under the caps (else retune and ship again)."""
     data = _shipped(name)
     seed = data["seeds"][0]
-    got = rollout(load_scenario(name), data["policy"], seed)["goodput_rps"]
+    got = run_policy(load_scenario(name), data["policy"], seed)["goodput_rps"]
     assert got == pytest.approx(_per_seed(data, seed)), (
         f"the simulator's goodput for {name}'s caps moved: admit tune-static --scenario {name} --workers 2 "
-        f"--out evaluate/static_best/{name}.json"
+        f"--out agents/pretrained/static-best/{name}.json"
     )
 
 
@@ -233,10 +239,10 @@ def test_static_best_resolves_the_shipped_caps_unbound_and_bound(cache, capsys):
     bound.reset(sc.control_spec(), 0)
     for c in (unbound, bound):
         assert c.name == "static:best" and tuple(c.cap) == caps
-        assert c.tuned.path.parent == tune.shipped_dir()
+        assert c.tuned.path.parent == best.shipped_dir()
     assert "tuning now" not in capsys.readouterr().err and not cache.exists()
     # and it is exactly the static policy at those caps
-    assert rollout(sc, "static:best", 3) == rollout(sc, tune.static_policy(caps), 3)
+    assert run_policy(sc, "static:best", 3) == run_policy(sc, search.static_policy(caps), 3)
 
 
 def test_static_best_retunes_a_changed_scenario_with_a_message_and_caches_it(cache, capsys):
@@ -245,12 +251,12 @@ def test_static_best_retunes_a_changed_scenario_with_a_message_and_caches_it(cac
     c.reset(short.control_spec(), 0)
     err = capsys.readouterr().err
     assert "stale" in err and "h200-live-small.json" in err and "tuning now on seeds 900000..900004" in err
-    path = tune.cache_path(short)
+    path = best.cache_path(short)
     assert c.tuned.path == path and path.is_file()
     data = json.loads(path.read_text())
-    assert data["fingerprint"] == tune.fingerprint(short) and data["seeds"] == list(tune.TUNING_SEEDS)
+    assert data["fingerprint"] == search.fingerprint(short) and data["seeds"] == list(search.TUNING_SEEDS)
     # a new process (nothing remembered) finds the cached caps and tunes nothing
-    tune._RESOLVED.clear()
+    best._RESOLVED.clear()
     again = make_controller("static:best", scenario=short)
     again.reset(short.control_spec(), 0)
     assert again.cap == c.cap and "tuning now" not in capsys.readouterr().err
@@ -264,9 +270,9 @@ def test_static_best_refuses_its_own_tuning_seeds(cache):
     with pytest.raises(ValueError, match="choose evaluation seeds outside"):
         evaluate(sc, ["static", "static:best"], seeds=3, seed_base=899_999)
     with pytest.raises(ValueError, match="900003..900004"):
-        tune.check_seeds(["static:best"], range(900_003, 900_010), sc)
-    tune.check_seeds(["static:best"], range(20), sc)  # admit evaluate's default seeds are fine
-    tune.check_seeds(["static"], range(900_000, 900_010), sc)  # and plain static has no tuning seeds
+        best.check_seeds(["static:best"], range(900_003, 900_010), sc)
+    best.check_seeds(["static:best"], range(20), sc)  # admit evaluate's default seeds are fine
+    best.check_seeds(["static"], range(900_000, 900_010), sc)  # and plain static has no tuning seeds
 
 
 def test_static_best_without_a_known_scenario_says_how_to_get_one(cache):
@@ -279,8 +285,8 @@ def test_static_best_finds_a_cached_tuning_of_a_scenario_file_by_its_spec(cache,
     path = tmp_path / "mine.yaml"
     path.write_text(yaml.safe_dump({**TINY, "name": "mine"}))
     sc = load_scenario(path)
-    res = tune.tune_static(path, seeds=[0, 1], workers=1)
-    tune.write_store(res.to_json("test"), tune.cache_path(sc))
+    res = search.tune_static(path, seeds=[0, 1], workers=1)
+    search.write_store(res.to_json("test"), best.cache_path(sc))
     c = make_controller("static:best")
     c.reset(sc.control_spec(), 5)
     assert tuple(c.cap) == res.best == (4,) and "tuning now" not in capsys.readouterr().err
@@ -290,21 +296,21 @@ def test_static_best_finds_a_cached_tuning_of_a_scenario_file_by_its_spec(cache,
 
 def test_fingerprint_reads_the_world_not_its_labels():
     base = parse_scenario(TINY)
-    assert tune.fingerprint(base) == tune.fingerprint(parse_scenario({**TINY, "name": "x", "description": "y"}))
-    assert tune.fingerprint(base) == tune.fingerprint(parse_scenario({**TINY, "reward": {"drop": 5.0}}))
-    assert tune.fingerprint(base) != tune.fingerprint(parse_scenario({**TINY, "horizon_s": 100}))
+    assert search.fingerprint(base) == search.fingerprint(parse_scenario({**TINY, "name": "x", "description": "y"}))
+    assert search.fingerprint(base) == search.fingerprint(parse_scenario({**TINY, "reward": {"drop": 5.0}}))
+    assert search.fingerprint(base) != search.fingerprint(parse_scenario({**TINY, "horizon_s": 100}))
     other = {**TINY["tenants"][0], "arrival": {"kind": "constant", "rate": 6.0}}
-    assert tune.fingerprint(base) != tune.fingerprint(parse_scenario({**TINY, "tenants": [other]}))
+    assert search.fingerprint(base) != search.fingerprint(parse_scenario({**TINY, "tenants": [other]}))
 
 
 def test_a_malformed_store_is_named_and_skipped(cache, capsys):
     cache.mkdir(parents=True)
     (cache / "broken.json").write_text("{not json")
-    assert tune.all_stores() == [s for s in tune.all_stores() if s.path.name != "broken.json"]
+    assert best.all_stores() == [s for s in best.all_stores() if s.path.name != "broken.json"]
     assert "ignoring tuning store" in capsys.readouterr().err
     with pytest.raises(ValueError, match="malformed"):
         (cache / "old.json").write_text(json.dumps({"format": 1, "tenants": ["a"]}))
-        tune.TunedCaps.load(cache / "old.json")
+        best.TunedCaps.load(cache / "old.json")
 
 
 # ------------------------------------------------------------------------------------------ the verb
@@ -318,7 +324,7 @@ def _admit(*args: str, env_cache: Path) -> subprocess.CompletedProcess:
 
 
 def test_cli_tune_static_end_to_end_on_a_short_scenario(tmp_path):
-    data = yaml.safe_load((Path(tune.__file__).parents[1] / "envs/scenarios/h200-live-small.yaml").read_text())
+    data = yaml.safe_load((Path(best.__file__).parents[1] / "envs/scenarios/h200-live-small.yaml").read_text())
     src = tmp_path / "short.yaml"
     src.write_text(yaml.safe_dump({**data, "name": "short", "horizon_s": 30}))
     out = tmp_path / "caps.json"
@@ -342,7 +348,7 @@ def test_cli_tune_static_end_to_end_on_a_short_scenario(tmp_path):
         assert key in got, key
     assert got["seeds"] == [0, 1, 2] and set(got["caps"]) == {"chat", "agent"}
     assert got["command"] == f"admit tune-static --scenario {src} --seeds 0..2 --workers 2 --out {out}"
-    assert got["fingerprint"] == tune.fingerprint(load_scenario(src))
+    assert got["fingerprint"] == search.fingerprint(load_scenario(src))
     assert all(p["goodput_rps"] <= got["goodput_rps"] for p in got["points"] if "goodput_rps" in p)
     # without --out it goes where static:best looks
     r = _admit("tune-static", "--scenario", str(src), "--seeds", "0", "--workers", "1", env_cache=tmp_path / "c")
@@ -353,9 +359,9 @@ def test_cli_tune_static_end_to_end_on_a_short_scenario(tmp_path):
 def test_cli_default_seeds_are_static_best_s_and_a_bad_static_arg_names_best():
     import inspect
 
-    from admit.evaluate.cli import tune_static as verb
+    from admit.train.cli import tune_static as verb
 
-    assert inspect.signature(verb).parameters["seeds"].default.default == tune.format_seeds(tune.TUNING_SEEDS)
+    assert inspect.signature(verb).parameters["seeds"].default.default == search.format_seeds(search.TUNING_SEEDS)
     with pytest.raises(ValueError, match="or 'best'"):
         make_controller("static:bestest")
 
@@ -373,4 +379,4 @@ def test_an_unbound_static_best_finds_a_family_instances_shipped_caps_by_its_spe
     sc = load_scenario("h200-mix@11000")
     ctrl = make_controller("static:best")
     ctrl.reset(sc.control_spec(), 0)
-    assert list(ctrl.cap) == list(tune.tuned_caps(sc).caps) == [1, 128, 256, 1]
+    assert list(ctrl.cap) == list(best.tuned_caps(sc).caps) == [1, 128, 256, 1]

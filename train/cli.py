@@ -1,4 +1,6 @@
-"""``admit train``: train an SB3 policy (PPO, A2C, DQN, SAC) on a scenario and write a loadable run folder.
+"""``admit train``: train an SB3 policy (PPO, A2C, DQN, SAC) on a scenario and write a loadable run folder;
+``admit tune``: search a training's hyperparameters (train/hpo.py); ``admit tune-static``: tune static:best's
+per-tenant caps (train/static_search.py).
 
 Registered in admit/cli.py; stable-baselines3 and torch are imported only when the command runs.
 """
@@ -121,6 +123,81 @@ def tune(
                f"{best['worst_goodput_rps']:.3f}): " + ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}"
                                                                  for k, v in best["point"].items()))
     typer.echo(f"wrote {out}/best.yaml (train it longer with: admit train --config {out}/best.yaml --out DIR)")
+
+
+def tune_static(
+    scenario: str = typer.Option(..., help="bundled scenario name, family instance or path to a scenario YAML"),
+    seeds: str = typer.Option(
+        "900000..900004", help="tuning seeds, A..B inclusive (default: the range static:best tunes on)"
+    ),
+    workers: int = typer.Option(2, min=1, help="worker processes"),
+    out: Path | None = typer.Option(None, help="where to write the JSON (default: the cache static:best reads)"),
+    refine: bool = typer.Option(True, help="after the log grid, try the ×1.5 midpoints next to the best caps"),
+    race_margin: float = typer.Option(
+        0.02, min=0.0, max=0.5, help="after each seed, drop candidates this fraction below the leader (0: none)"
+    ),
+) -> None:
+    """Tune per-tenant static caps for the most goodput (coordinate descent over a log grid): static:best's caps."""
+    import shlex
+
+    from admit.agents.static_best import cache_path
+    from admit.envs.scenario import ScenarioError, load_scenario
+    from admit.train.static_search import format_seeds, parse_seeds, write_store
+    from admit.train.static_search import tune_static as search
+    from rich.progress import Progress
+
+    try:
+        seed_list = parse_seeds(seeds)
+        sc = load_scenario(scenario)
+    except (ScenarioError, ValueError) as e:
+        _fail(str(e))
+    names = [t.name for t in sc.tenants]
+    target = out if out is not None else cache_path(sc)
+    command = ["admit", "tune-static", "--scenario", scenario, "--seeds", format_seeds(seed_list)]
+    command += ["--workers", str(workers)]
+    if out is not None:
+        command += ["--out", str(out)]
+    if not refine:
+        command.append("--no-refine")
+    if race_margin != 0.02:
+        command += ["--race-margin", str(race_margin)]
+    typer.echo(f"tuning static caps of {sc.name} ({', '.join(names)}) on seeds {format_seeds(seed_list)}")
+    try:
+        with Progress(transient=True) as bar:
+            task = bar.add_task("episodes", total=None)
+            res = search(
+                sc,
+                seed_list,
+                workers,
+                refine=refine,
+                race_margin=race_margin,
+                progress=lambda i: bar.update(task, completed=i),
+                log=lambda line: bar.console.print(line, soft_wrap=True, highlight=False),
+            )
+    except ValueError as e:
+        _fail(str(e))
+    data = res.to_json(shlex.join(command))
+    write_store(data, target)
+    best, plain, ramp = data["best"], data["plain_static"], data["ramp"]
+    typer.echo(f"best caps: {', '.join(f'{n}={c}' for n, c in data['caps'].items())}  ({data['policy']})")
+    for label, p in (("best", best), ("plain static", plain)):
+        typer.echo(
+            f"  {label:<12} {p['policy']:<24} goodput {p['goodput_rps']:.3f} req/s  attainment "
+            f"{p.get('attainment', float('nan')):.3f}  worst tenant {p.get('worst_attainment', float('nan')):.3f}"
+        )
+    if ramp.get("decisions"):
+        typer.echo(
+            f"  ramp from initial: {ramp['decisions']:.0f} decisions ({ramp['seconds']:.0f} s); the same caps set at "
+            f"t = 0: goodput {ramp['goodput_rps_at_caps']:.3f} req/s"
+        )
+    s = data["search"]
+    typer.echo(f"{s['points']} points, {s['rollouts']} episodes, {data['wall_s']:.0f} s with {workers} worker(s)")
+    typer.echo(f"wrote {target}")
+
+
+def _fail(msg: str) -> None:
+    typer.secho(f"error: {msg}", fg=typer.colors.RED, err=True)
+    raise typer.Exit(2)
 
 
 def _absolute(name: str | None) -> str | None:

@@ -1,48 +1,30 @@
-"""The strongest static baseline: per-tenant caps tuned for goodput, and ``static:best``, which deploys them.
+"""``admit tune-static``: the search for per-tenant static caps with the most goodput, and its simulator objective.
 
-An operator who sets Kueue-style per-tenant quotas tunes them on last week's traffic and deploys them
-unchanged. ``tune_static`` does that search on a scenario: **coordinate descent** on the per-tenant caps
-over a log grid per tenant ({min, 1, 2, 4, ..., max} ∪ {initial}, clipped to the scenario's bounds). A
-sweep tries values of one tenant's cap while the others stay put, tenant after tenant: in the first round
-every value of the grid, in later rounds (the others have moved, not far) the ``window`` values on either
-side of the current one. It stops once n sweeps in a row (n tenants) moved nothing. Then (``refine``) the
-same on the grid with its ×1.5 midpoints (3, 6, 12, 24, ...), trying only the current value's neighbours.
-The objective is the mean goodput (requests/s that met every per-request objective,
-``Simulation.summary()["goodput_rps"]``) over the tuning seeds, every candidate on the same seeds (common
-random numbers), each episode run by `admit.evaluate.offline.rollout` as ``static:c1,c2,...``: exactly
-what ``admit evaluate`` runs. Among a sweep's candidates with the best goodput (exactly equal unless
-``rel_tol`` allows more; caps that never bind give identical episodes) the smallest cap wins, so the caps
-are as cheap as the goodput allows; with ``rel_tol = 0`` every move strictly improves (goodput, −cap), so
-the descent cannot cycle.
+``tune_static`` searches a scenario's caps by **coordinate descent** on the per-tenant caps over a log grid
+per tenant ({min, 1, 2, 4, ..., max} ∪ {initial}, clipped to the scenario's bounds). A sweep tries values of
+one tenant's cap while the others stay put, tenant after tenant: in the first round every value of the grid,
+in later rounds (the others have moved, not far) the ``window`` values on either side of the current one. It
+stops once n sweeps in a row (n tenants) moved nothing. Then (``refine``) the same on the grid with its ×1.5
+midpoints (3, 6, 12, 24, ...), trying only the current value's neighbours. The objective is the mean goodput
+(requests/s that met every per-request objective, ``Simulation.summary()["goodput_rps"]``) over the tuning
+seeds, every candidate on the same seeds (common random numbers), each episode run by
+`admit.envs.rollout.rollout` with the static controller at the caps: the function ``admit evaluate`` runs.
+Among a sweep's candidates with the best goodput (exactly equal unless ``rel_tol`` allows more; caps that
+never bind give identical episodes) the smallest cap wins, so the caps are as cheap as the goodput allows;
+with ``rel_tol = 0`` every move strictly improves (goodput, −cap), so the descent cannot cycle.
 
 Speed: every episode is cached per (caps, seed), so a sweep that revisits points costs nothing; an episode
 whose caps exceed those of one already run in a single tenant whose limit never held a request back is the
 same episode (every limit is at least as high at every decision, so nothing is held back either), and is
-filled in without running (``inferred`` in the record: on servegen-skewed most small clients never reach
-caps of 8 or more); candidates run in a process pool of ``workers``; and a sweep **races** its candidates
-seed by seed: after each seed, a candidate whose goodput so far is more than ``race_margin`` (2%) below the
-leader's is dropped (recorded as pruned, never chosen; ``race_margin = 0`` runs every candidate on every
-seed). Under common random numbers the seeds rank caps alike: on h200-mixed the paired per-seed differences
-between neighbouring caps are about 1%, and the raced search ends at the caps of the unraced one (every
-value of the grid in every round, every candidate on every seed) with 101 episodes instead of 185.
+filled in without running (``inferred`` in the record); candidates run in a process pool of ``workers``;
+and a sweep **races** its candidates seed by seed: after each seed, a candidate whose goodput so far is more
+than ``race_margin`` (2%) below the leader's is dropped (recorded as pruned, never chosen; ``race_margin =
+0`` runs every candidate on every seed). Under common random numbers the seeds rank caps alike, so racing
+ends at the caps of the unraced search with fewer episodes (docs/controllers.md).
 
-**static:best** (``make_controller("static:best")``; `BestStatic`) holds each tenant's limit at the caps
-tuned for the scenario being evaluated, found by the scenario's fingerprint (`fingerprint`: a hash of its
-parsed content, without the name, the description and the reward weights, which change nothing in an
-episode) in a tuning store: the JSON files ``admit tune-static`` writes. It looks in the shipped store
-(evaluate/static_best/*.json, tuned on `TUNING_SEEDS`) and then in the cache (`cache_dir`:
-``$ADMIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/admit``, else ``~/.cache/admit``; its static_best/
-folder). Where neither holds caps for this fingerprint — a scenario of one's own, a family instance, or a
-bundled scenario that changed since its caps were shipped (stale) — it says so on stderr, tunes on
-`TUNING_SEEDS` there and then and caches the result. The tuning seeds are 900000..900004: ``admit
-evaluate``'s seeds 0..N-1, the training env's validation seeds (500000 + j) and its episode seeds
-(1000000 + ...) never reach them, and `BestStatic.reset` refuses an evaluation seed its caps were tuned on.
-
-A controller learns its scenario only through the ``ControlSpec`` at ``reset``, which has the tenants and
-the bounds but not the workload. ``make_controller("static:best", scenario=S)`` binds it to ``S``; unbound
-(as ``admit evaluate`` makes it today), it finds the one scenario with this control spec among the bundled
-scenarios and the stores' own scenarios, and says so when there is none or more than one. Unbound, a
-bundled scenario with an override the spec does not show (the horizon, say) gets the bundled scenario's caps.
+The result is a tuning store (`Tuning.to_json`, written by `write_store`; `fingerprint` names the scenario it
+was tuned on) that admit.agents.static_best reads: static:best deploys it. train/worlds.py's ``pool_caps``
+runs the same search for training targets (an anchored policy's anchors, imitation's expert).
 
 **The ramp.** A static controller moves a limit by at most ``max_step`` per decision, so caps other than
 the scenario's ``initial`` are reached after ⌈|cap − initial| / max_step⌉ decisions (h200-mixed:
@@ -58,30 +40,28 @@ import itertools
 import json
 import math
 import os
-import re
-import sys
 import time
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
-from importlib import resources
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from admit.controllers.static import StaticController
 from admit.core.spec import ControlSpec, Limits
 from admit.engine.presets import install, override_of, overrides
-from admit.envs.scenario import Scenario, TokenEngineConfig, bundled_scenarios, load_scenario
+from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
+
+if TYPE_CHECKING:
+    from admit.envs.compiled import World
 
 Caps = tuple[int, ...]
+
 Objective = Callable[[Sequence[Caps]], list[float]]
 """The search's objective: the scores of a batch of cap vectors, higher is better; ``-inf`` for a candidate
 that was dropped (never chosen)."""
 
-TUNING_SEEDS: tuple[int, ...] = tuple(range(900_000, 900_005))
-STORE_FORMAT = 1
-_FINGERPRINT_EXCLUDES = {"name", "description", "reward"}  # change nothing in an episode
-# what the record keeps of each episode (offline.rollout returns more)
+# what the record keeps of each episode (rollout returns more)
 KEPT_METRICS = (
     "goodput_rps",
     "attainment",
@@ -95,7 +75,13 @@ KEPT_METRICS = (
 )
 
 
-# ---------------------------------------------------------------------------------------------- identities
+TUNING_SEEDS: tuple[int, ...] = tuple(range(900_000, 900_005))
+"""The seeds static:best's caps are tuned on: ``admit evaluate``'s seeds 0..N-1, the training env's validation
+seeds (500000 + j) and its episode seeds (1000000 + ...) never reach them."""
+STORE_FORMAT = 1
+_FINGERPRINT_EXCLUDES = {"name", "description", "reward"}  # change nothing in an episode
+
+
 def fingerprint(scenario: Scenario) -> str:
     """sha256 of the scenario's parsed content as set (``exclude_unset``: a field the schema gains later, with
     a default, does not make every stored tuning stale), without its name, description and reward weights."""
@@ -149,6 +135,19 @@ def format_seeds(seeds: Sequence[int]) -> str:
 def static_policy(caps: Sequence[int]) -> str:
     """The plain static policy that holds ``caps``: what static:best runs, by another name."""
     return "static:" + ",".join(str(int(c)) for c in caps)
+
+
+
+def write_store(data: dict[str, Any], path: Path) -> Path:
+    """Write a tuning's JSON atomically (a reader never sees half a file; two writers leave one whole file)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=1) + "\n")
+    os.replace(tmp, path)
+    return path
+
+
 
 
 # ---------------------------------------------------------------------------------------------- grids
@@ -285,31 +284,35 @@ def coordinate_descent(
 
 
 # ---------------------------------------------------------------------------------------------- the simulator
-def _episode(args: tuple[Scenario, Caps, int]) -> dict[str, Any]:
-    """One episode of ``static:CAPS``, run as `admit.evaluate.offline.rollout` runs it (make the controller,
-    reset it, ``Simulation.run``; tests/test_tune.py checks the two agree), reduced to what the record keeps,
-    plus ``bound``: per tenant, whether its limit ever held a request back (a request that waited for
-    admission, was rejected or dropped, or was still queued at the end)."""
-    from admit.controllers.registry import make_controller
-    from admit.envs.compiled import make_simulation
+def static_at(caps: Sequence[int]) -> StaticController:
+    """The static controller at ``caps``, named as the registry names it (``static:c1,c2,...``)."""
+    ctrl = StaticController(list(caps))
+    ctrl.name = static_policy(caps)
+    return ctrl
 
-    scenario, caps, seed = args
-    policy = static_policy(caps)
-    ctrl = make_controller(policy)
-    ctrl.reset(scenario.control_spec(), seed)
-    sim = make_simulation(scenario, seed)
-    stats = sim.run(ctrl, name=policy)
-    summary = sim.summary()
-    out: dict[str, Any] = {k: float(summary[k]) for k in KEPT_METRICS if k in summary}
-    out["mean_limit"] = stats.mean_limit
-    out["tenants"] = {
-        name: {k: float(v[k]) for k in ("goodput_rps", "attainment")} for name, v in sim.tenant_summary().items()
-    }
-    bound = [False] * len(caps)
+
+def _held_back(sim: World) -> dict[str, Any]:
+    """``bound``: per tenant, whether its limit ever held a request back (a request that waited for admission,
+    was rejected or dropped, or was still queued at the end)."""
+    bound = [False] * len(sim.scenario.tenants)
     for r in sim.requests:
         if r.arrival <= sim.now and r.dispatched != r.arrival:  # NaN (never admitted) is unequal too
             bound[r.tenant] = True
-    out["bound"] = bound
+    return {"bound": bound}
+
+
+def _episode(args: tuple[Scenario, Caps, int]) -> dict[str, Any]:
+    """One episode of the static caps, by `rollout`, reduced to what the record keeps, plus ``bound``
+    (`_held_back`)."""
+    from admit.envs.rollout import rollout  # imported on use: the compiled world loads numba
+
+    scenario, caps, seed = args
+    ep = rollout(scenario, static_at(caps), seed, inspect=_held_back)
+    out: dict[str, Any] = {k: float(ep[k]) for k in KEPT_METRICS if k in ep}
+    out["tenants"] = {
+        name: {k: float(v[k]) for k in ("goodput_rps", "attainment")} for name, v in ep["tenants"].items()
+    }
+    out["bound"] = ep["bound"]
     return out
 
 
@@ -333,15 +336,10 @@ def mean_limit(scenario: Scenario, caps: Sequence[int]) -> float:
 
 def _episode_at_caps(args: tuple[Scenario, Caps, int]) -> float:
     """Goodput of ``caps`` set at t = 0 (no ramp from ``initial``): what the ramp costs, for the record."""
-    from admit.envs.compiled import make_simulation
+    from admit.envs.rollout import rollout
 
     scenario, caps, seed = args
-    ctrl = StaticController(list(caps))
-    ctrl.reset(scenario.control_spec(), seed)
-    sim = make_simulation(scenario, seed)
-    sim.set_limits(caps)
-    sim.run(ctrl, name=static_policy(caps))
-    return float(sim.summary()["goodput_rps"])
+    return float(rollout(scenario, static_at(caps), seed, start_limits=caps)["goodput_rps"])
 
 
 class SimObjective:
@@ -622,290 +620,3 @@ def _source(scenario: str | Path) -> str:
     if p.suffix in (".yaml", ".yml") and p.is_file():
         return str(p.resolve())
     return str(scenario)
-
-
-# ---------------------------------------------------------------------------------------------- stores
-def shipped_dir() -> Path:
-    """evaluate/static_best/: the tunings that ship with admit (``admit tune-static --out`` there)."""
-    return Path(str(resources.files("admit.evaluate").joinpath("static_best")))
-
-
-def cache_dir() -> Path:
-    """Where tunings made on the fly (and ``admit tune-static`` without ``--out``) go: ``$ADMIT_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/admit``, else ``~/.cache/admit``; the static_best/ folder in it."""
-    root = os.environ.get("ADMIT_CACHE_DIR") or (
-        str(Path(os.environ["XDG_CACHE_HOME"]) / "admit") if os.environ.get("XDG_CACHE_HOME") else None
-    )
-    return (Path(root) if root else Path.home() / ".cache" / "admit") / "static_best"
-
-
-def cache_path(scenario: Scenario) -> Path:
-    safe = re.sub(r"[^A-Za-z0-9._@-]+", "_", scenario.name) or "scenario"
-    return cache_dir() / f"{safe}-{fingerprint(scenario)[:16]}.json"
-
-
-@dataclass(frozen=True)
-class TunedCaps:
-    """One tuning store file, checked: the caps per tenant, the seeds they were tuned on, the fingerprint."""
-
-    path: Path
-    scenario: str
-    source: str
-    fingerprint: str
-    spec_fingerprint: str
-    tenants: tuple[str, ...]
-    caps: Caps
-    seeds: tuple[int, ...]
-    goodput_rps: float
-
-    @classmethod
-    def load(cls, path: Path) -> TunedCaps:
-        try:
-            d = json.loads(Path(path).read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(f"tuning store {path}: cannot read it: {e}") from None
-        try:
-            if d.get("format") != STORE_FORMAT:
-                raise ValueError(f"format {d.get('format')!r}, expected {STORE_FORMAT}")
-            tenants = tuple(str(t) for t in d["tenants"])
-            caps = tuple(int(d["caps"][t]) for t in tenants)
-            seeds = tuple(int(s) for s in d["seeds"])
-            return cls(
-                Path(path),
-                str(d["scenario"]),
-                str(d.get("source", d["scenario"])),
-                str(d["fingerprint"]),
-                str(d["spec_fingerprint"]),
-                tenants,
-                caps,
-                seeds,
-                float(d["goodput_rps"]),
-            )
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise ValueError(f"tuning store {path} is malformed: {e!r}") from None
-
-
-def write_store(data: dict[str, Any], path: Path) -> Path:
-    """Write a tuning's JSON atomically (a reader never sees half a file; two writers leave one whole file)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(data, indent=1) + "\n")
-    os.replace(tmp, path)
-    return path
-
-
-def _stores(folder: Path, log: Callable[[str], None]) -> list[TunedCaps]:
-    if not folder.is_dir():
-        return []
-    out = []
-    for p in sorted(folder.glob("*.json")):
-        try:
-            out.append(TunedCaps.load(p))
-        except ValueError as e:
-            log(f"static:best: ignoring {e}")
-    return out
-
-
-def all_stores(log: Callable[[str], None] | None = None) -> list[TunedCaps]:
-    """Every readable tuning, shipped first, then cached."""
-    say = log or _stderr
-    return _stores(shipped_dir(), say) + _stores(cache_dir(), say)
-
-
-def _stderr(msg: str) -> None:
-    print(msg, file=sys.stderr, flush=True)
-
-
-_RESOLVED: dict[tuple[str, str, str], TunedCaps] = {}
-
-
-def tuned_caps(
-    scenario: Scenario, *, workers: int | None = None, log: Callable[[str], None] | None = None
-) -> TunedCaps:
-    """The stored tuning of ``scenario`` (by fingerprint, shipped then cached); where none is, tune on
-    `TUNING_SEEDS` now, say so, and cache it. Remembered per process."""
-    say = log or _stderr
-    fp = fingerprint(scenario)
-    key = (fp, str(shipped_dir()), str(cache_dir()))
-    if key in _RESOLVED:
-        return _RESOLVED[key]
-    stores = all_stores(say)
-    found = next((s for s in stores if s.fingerprint == fp), None)
-    if found is not None and found.tenants != tuple(t.name for t in scenario.tenants):
-        raise ValueError(
-            f"tuning store {found.path} names tenants {list(found.tenants)}, the scenario has "
-            f"{[t.name for t in scenario.tenants]}"
-        )
-    if found is None:
-        old = [s for s in stores if s.scenario == scenario.name]
-        why = (
-            f"the caps in {old[0].path} were tuned on another version of {scenario.name!r} or another engine "
-            f"(fingerprint {old[0].fingerprint[:12]}, this one {fp[:12]}): stale here"
-            if old
-            else f"no tuned caps for {scenario.name!r} (fingerprint {fp[:12]}) in {shipped_dir()} or {cache_dir()}"
-        )
-        w = workers if workers is not None else int(os.environ.get("ADMIT_TUNE_WORKERS", min(4, os.cpu_count() or 1)))
-        path = cache_path(scenario)
-        say(f"static:best: {why}; tuning now on seeds {format_seeds(TUNING_SEEDS)} with {w} worker(s), into {path}")
-        tuning = tune_static(scenario, TUNING_SEEDS, w)
-        cmd = (
-            f"(on the fly, static:best) admit tune-static --scenario {tuning.source} --seeds "
-            f"{format_seeds(TUNING_SEEDS)} --workers {w}"
-        )
-        write_store(tuning.to_json(cmd), path)
-        found = TunedCaps.load(path)
-        say(
-            f"static:best: {scenario.name}: caps {static_policy(found.caps)[len('static:') :]} "
-            f"(goodput {found.goodput_rps:.3f} req/s on the tuning seeds) after {tuning.wall_s:.0f} s"
-        )
-    _RESOLVED[key] = found
-    return found
-
-
-_BY_SPEC: dict[tuple[ControlSpec, str, str], Scenario] = {}
-
-
-def scenario_for_spec(spec: ControlSpec, log: Callable[[str], None] | None = None) -> Scenario:
-    """The one scenario whose control spec is ``spec``: among the bundled scenarios and the scenarios the
-    stores were tuned on (reloaded from their source, so a changed file is seen as changed). Raises ValueError
-    when there is none or more than one."""
-    key = (spec, str(shipped_dir()), str(cache_dir()))
-    if key in _BY_SPEC:
-        return _BY_SPEC[key]
-    say = log or _stderr
-    found: dict[str, Scenario] = {}
-    for name in bundled_scenarios():
-        sc = load_scenario(name)
-        if sc.control_spec() == spec:
-            found.setdefault(fingerprint(sc), sc)
-    tenant_names = tuple(t.name for t in spec.tenants)
-    for st in all_stores(say):
-        # the tenants' names sift the stores (a store's spec fingerprint is of the ControlSpec of its day, and
-        # the spec has gained fields since); the spec itself decides
-        if st.tenants != tenant_names or st.source in bundled_scenarios():
-            continue
-        try:
-            sc = load_scenario(st.source)
-        except Exception as e:  # a source that is gone or no longer parses: that store cannot say anything
-            say(f"static:best: ignoring {st.path}: its scenario {st.source!r} does not load: {e}")
-            continue
-        if sc.control_spec() == spec:
-            found.setdefault(fingerprint(sc), sc)
-    names = ", ".join(f"{s.name!r}" for s in found.values())
-    tenants = ", ".join(t.name for t in spec.tenants)
-    if not found:
-        raise ValueError(
-            f"static:best: no known scenario has this control spec (tenants {tenants}): it matches no bundled "
-            f"scenario and no tuning in {shipped_dir()} or {cache_dir()}; tune it first (admit tune-static "
-            "--scenario S) or make the policy with make_controller('static:best', scenario=S)"
-        )
-    if len(found) > 1:
-        raise ValueError(
-            f"static:best: several scenarios have this control spec (tenants {tenants}): {names}; make the "
-            "policy with make_controller('static:best', scenario=S) to say which"
-        )
-    (sc,) = found.values()
-    _BY_SPEC[key] = sc
-    return sc
-
-
-def check_seeds(policies: Sequence[str], seeds: Sequence[int], scenario: Scenario) -> None:
-    """Raise ValueError when an evaluation of ``policies`` on ``seeds`` would test a static:best on a seed its
-    caps were tuned on (``admit evaluate`` can call it before any work; `BestStatic.reset` checks it anyway)."""
-    if "static:best" not in policies:
-        return
-    tuned = tuned_caps(scenario)
-    _refuse_overlap(tuned, seeds)
-
-
-def _refuse_overlap(tuned: TunedCaps, seeds: Iterable[int]) -> None:
-    bad = sorted(set(int(s) for s in seeds) & set(tuned.seeds))
-    if bad:
-        raise ValueError(
-            f"static:best's caps for {tuned.scenario!r} were tuned on seeds {format_seeds(tuned.seeds)} "
-            f"({tuned.path}); evaluating it on seed {format_seeds(bad)} would test it on the data it was tuned "
-            f"on: choose evaluation seeds outside {format_seeds(tuned.seeds)}"
-        )
-
-
-# ---------------------------------------------------------------------------------------------- static:best
-class BestStatic(StaticController):
-    """``static:best``: a static controller at the caps tuned for its scenario (the module's docstring).
-
-    Its caps are resolved at ``reset`` (where the spec arrives); ``bind_scenario`` names the scenario first.
-    ``reset(spec, seed)`` raises ValueError when ``seed`` is one of the tuning seeds.
-    """
-
-    name = "static:best"
-
-    def __init__(self, scenario: Scenario | None = None) -> None:
-        super().__init__(None)
-        self.scenario = scenario
-        self.tuned: TunedCaps | None = None
-
-    def bind_scenario(self, scenario: Scenario) -> None:
-        """Name the scenario this controller will be evaluated on (the registry's ``make_controller(...,
-        scenario=S)``): its caps are then found by its own fingerprint, not by its control spec."""
-        self.scenario = scenario
-
-    def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
-        sc = self.scenario
-        if sc is None:
-            sc = scenario_for_spec(spec)
-        elif sc.control_spec() != spec:
-            raise ValueError(f"static:best is bound to scenario {sc.name!r} but was reset with another control spec")
-        tuned = tuned_caps(sc)
-        if seed is not None:
-            _refuse_overlap(tuned, [seed])
-        self.tuned = tuned
-        self.cap = list(tuned.caps)
-        super().reset(spec, seed)
-
-
-def pool_path(scenario: Scenario, seeds: Sequence[int]) -> Path:
-    """Where `pool_caps` keeps a tuning on seeds other than `TUNING_SEEDS`: pool_caps/ beside the cache's
-    static_best/, so that no static:best lookup (which reads static_best/ only) ever finds it."""
-    safe = re.sub(r"[^A-Za-z0-9._@-]+", "_", scenario.name) or "scenario"
-    return cache_dir().parent / "pool_caps" / f"{safe}-{fingerprint(scenario)[:16]}-s{format_seeds(seeds)}.json"
-
-
-def pool_caps(
-    scenario: Scenario,
-    seeds: Sequence[int] = TUNING_SEEDS,
-    *,
-    workers: int | None = None,
-    log: Callable[[str], None] | None = None,
-) -> TunedCaps:
-    """Tuned caps used as *training targets* (imitation's expert). On `TUNING_SEEDS` these are static:best's own
-    (`tuned_caps`). On fewer seeds (``seeds`` must be a non-empty prefix of them) the search is the same but
-    cheaper — 2 seeds instead of 5 and no ramp measurement: about 2.3x faster on h200-mix instances, and on
-    h200-mix@0..3 within 0.04% of the 5-seed caps' goodput (measured, docs/training.md) — and the result is
-    cached apart (`pool_path`), never deployed as static:best."""
-    seeds = tuple(int(s) for s in seeds)
-    if seeds == TUNING_SEEDS:
-        return tuned_caps(scenario, workers=workers, log=log)
-    if not seeds or seeds != TUNING_SEEDS[: len(seeds)]:
-        raise ValueError(f"pool tuning seeds must be a non-empty prefix of {format_seeds(TUNING_SEEDS)}, got "
-                         f"{format_seeds(seeds) if seeds else 'none'}")
-    key = (fingerprint(scenario), format_seeds(seeds), str(cache_dir()))
-    if key in _POOL:
-        return _POOL[key]
-    path = pool_path(scenario, seeds)
-    found = None
-    if path.exists():
-        try:
-            found = TunedCaps.load(path)
-        except ValueError as e:  # a damaged file is tuned again and replaced, and said so
-            (log or _stderr)(f"pool caps: {e}; tuning again")
-    if found is None or found.fingerprint != fingerprint(scenario) or found.seeds != seeds:
-        w = workers if workers is not None else int(os.environ.get("ADMIT_TUNE_WORKERS", min(4, os.cpu_count() or 1)))
-        tuning = tune_static(scenario, seeds, w, measure_ramp=False)
-        write_store(tuning.to_json(f"(pool caps, training targets) tune_static on seeds {format_seeds(seeds)}, "
-                                   "measure_ramp=False"), path)
-        found = TunedCaps.load(path)
-    _POOL[key] = found
-    return found
-
-
-_POOL: dict[tuple[str, str, str], TunedCaps] = {}

@@ -1,11 +1,13 @@
 """Policies by name, as the command line spells them: ``static``, ``static:6``, ``static:best``, ``naive``, ...
 
-``make_controller("NAME[:ARG]")`` builds a fresh controller. Learned and prompted policies from agents/
-(``ppo:PATH`` and friends) plug in through ``register_prefix`` so this module does not import them, and so
-does ``static:best`` (evaluate/tune.py: static caps tuned for goodput on seeds disjoint from the evaluation's).
-A policy that needs more of its world than the ``ControlSpec`` it gets at ``reset`` (static:best needs the
-scenario's workload to find its caps) exposes ``bind_scenario(scenario)``; ``make_controller(text,
-scenario=S)`` calls it.
+``make_controller("NAME[:ARG]")`` builds a fresh controller: the hand-written ones of controllers/, the
+shipped and trained ones of agents/ (``static:best``, agents/static_best.py: static caps tuned for goodput on
+seeds disjoint from the evaluation's; ``ppo:PATH`` and friends; ``llm:URL``). It lives in agents/ because it
+makes agents' policies; the heavy ones (torch, the openai client) are imported only when one is made.
+A policy that acts around static:best's caps (``token:best``, an anchored tenant-set policy such as
+``ppo:general``) is that policy wrapped around ``BestStatic`` (controllers/around.py). A policy that needs more
+of its world than the ``ControlSpec`` it gets at ``reset`` (static:best needs the scenario's workload to find
+its caps) exposes ``bind_scenario(scenario)``; ``make_controller(text, scenario=S)`` calls it.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+from admit.agents.static_best import BestStatic
 from admit.controllers.aimd import AIMDController
+from admit.controllers.around import AroundBase
 from admit.controllers.differentiated import DifferentiatedController
 from admit.controllers.envoy import EnvoyGradientController
 from admit.controllers.field import (
@@ -38,8 +42,6 @@ def _static(arg: str | None) -> Controller:
     if arg is None:
         return StaticController()
     if arg == "best":
-        from admit.evaluate.tune import BestStatic  # imported on use: it reaches the simulator to tune
-
         return BestStatic()
     try:
         caps = [int(x) for x in arg.split(",")]
@@ -56,9 +58,7 @@ def _token(arg: str | None) -> Controller:
     if arg is None:
         return TokenLedgerController()
     if arg == "best":  # static:best's caps as quotas: borrow above them, give back first
-        from admit.evaluate.tune import BestStatic  # imported on use: it reaches the simulator to tune
-
-        return TokenLedgerController(base=BestStatic())
+        return AroundBase(TokenLedgerController(), BestStatic(), name="token:best")
     raise ValueError(f"policy 'token' takes no argument or 'best', got {arg!r}")
 
 
@@ -146,10 +146,8 @@ def _sb3(algo: str) -> Callable[[str | None], Controller]:
         from admit.agents.sb3_policy import make_sb3_policy  # imported on use: it needs torch
 
         policy = make_sb3_policy(algo, arg)
-        if policy.anchored:  # it acts around static:best's caps: give it the controller that finds them
-            from admit.evaluate.tune import BestStatic
-
-            policy.base = BestStatic()
+        if policy.anchored:  # it acts around static:best's caps
+            return AroundBase(policy, BestStatic())
         return policy
 
     return make

@@ -1,0 +1,50 @@
+"""One episode of a controller on a scenario: what evaluation and the static-caps search both run.
+
+``rollout(scenario, controller, seed)`` resets the controller with the scenario's control spec and the seed,
+builds the world for that seed (``make_simulation``: the same requests for every controller on one seed, the
+common random numbers of a comparison), runs the decision loop to the horizon and returns the episode's
+metrics: ``Simulation.summary()`` with the overall e2e percentiles also under the names the tenants' figures
+use, ``mean_limit`` and ``"tenants"`` (``tenant_summary()``). A caller that needs more of the finished world
+than its summary (the search asks which limits ever held a request back) passes ``inspect``, whose dict is
+added to the episode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from admit.core.controller import Controller
+from admit.envs.compiled import World, make_simulation
+from admit.envs.scenario import Scenario
+
+# One episode: the overall metrics (floats) and ``"tenants"``: {name: {metric: float}}.
+Episode = dict[str, Any]
+
+
+def rollout(
+    scenario: Scenario,
+    controller: Controller,
+    seed: int,
+    *,
+    name: str | None = None,
+    start_limits: Sequence[int] | None = None,
+    inspect: Callable[[World], dict[str, Any]] | None = None,
+) -> Episode:
+    """Run one episode of ``controller`` (not yet reset) on ``seed``; ``name`` labels its errors (default: the
+    controller's own name); ``start_limits``: the limits at t = 0 instead of the scenario's
+    ``initial`` (caps set before traffic, as an operator's quota is). Returns the episode metrics, overall and
+    per tenant, and what ``inspect`` adds."""
+    controller.reset(scenario.control_spec(), seed)
+    sim = make_simulation(scenario, seed)
+    if start_limits is not None:
+        sim.set_limits(start_limits)
+    stats = sim.run(controller, name=name)
+    out: Episode = dict(sim.summary())
+    out.setdefault("e2e_p50_s", out["p50_s"])
+    out.setdefault("e2e_p99_s", out["p99_s"])
+    out["mean_limit"] = stats.mean_limit
+    out["tenants"] = sim.tenant_summary()
+    if inspect is not None:
+        out.update(inspect(sim))
+    return out
