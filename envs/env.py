@@ -212,7 +212,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
     ## Arguments
 
     ```python
-    >>> import admit, gymnasium
+    >>> import admit.envs, gymnasium
     >>> import numpy as np
     >>> env = gymnasium.make("admit/TenantAdmission-v1", scenario="seed-paper")
     >>> env

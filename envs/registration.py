@@ -1,4 +1,4 @@
-"""The env's Gymnasium registration (admit/__init__.py calls `register` once Gymnasium is imported).
+"""The env's Gymnasium registration: plain ``gymnasium.register`` calls, made once by importing ``admit.envs``.
 
 ``admit/TenantAdmission-v1`` is generic: it takes ``scenario=`` and truncates at that scenario's horizon
 by itself, so it has no ``max_episode_steps`` (a fixed one would cut a longer scenario short). Every

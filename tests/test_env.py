@@ -8,8 +8,6 @@ from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 from stable_baselines3.common.vec_env import DummyVecEnv, SubprocVecEnv
 
-import admit  # noqa: F401  (registers the env)
-
 ENV_ID = "admit/TenantAdmission-v1"
 
 

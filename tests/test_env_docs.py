@@ -21,8 +21,6 @@ from admit.envs.simulation import decision_count
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-import admit  # noqa: F401  (registers the env)
-
 SECTIONS = ("Description", "Action Space", "Observation Space", "Rewards", "Starting State", "Episode End",
             "Arguments", "Vectorized environment", "Version History")
 
