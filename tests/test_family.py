@@ -27,7 +27,6 @@ from admit.envs.simulation import Simulation, draw_requests
 from admit.evaluate.offline import run_policy
 from typer.testing import CliRunner
 
-import admit  # noqa: F401  (registers the env)
 from admit.cli import app
 
 FAMILY = "h200-mix"

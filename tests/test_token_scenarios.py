@@ -14,8 +14,6 @@ from admit.evaluate.offline import evaluate
 from gymnasium.utils.env_checker import check_env
 from stable_baselines3.common.env_checker import check_env as sb3_check_env
 
-import admit  # noqa: F401  (registers the env)
-
 TOKEN_SCENARIOS = ["h200-azure-2023", "h200-mixed", "servegen-skewed"]
 
 
