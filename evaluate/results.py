@@ -630,7 +630,7 @@ def ray_session(ray: str | None, render_only: bool) -> Iterator[None]:
     if ray is None or render_only:
         yield
         return
-    from admit.evaluate.ray_jobs import session
+    from admit.core.ray_session import session
 
     with ExitStack() as stack:
         try:

@@ -4,10 +4,10 @@ Each trial is one ``admit train`` run with the base configuration (a config file
 own flags) and the trial's point of the search space put in, written to ``OUT/trials/TRIAL_ID/`` as any run
 folder is (model.zip, vecnormalize.pkl, config.yaml, TensorBoard, checkpoints). Its score is what the
 project judges by: the trained policy's mean **goodput** (good requests/s) on validation worlds none of the
-training saw, from the same offline evaluation as ``admit evaluate``: for a scenario, ``validation`` seeds
+training saw, each from the episode ``admit evaluate`` runs (admit.envs.rollout): for a scenario, ``validation`` seeds
 from the config's ``eval.seed_base``; for a family, the first ``validation`` instances of its validation range,
 one seed each. Optuna's TPE sampler (seeded) proposes the points; Ray Tune runs them, ``--concurrent`` at a
-time, one CPU each, on the Ray cluster ``--ray`` names (evaluate/ray_jobs.py: ``local``, ``auto``, HOST:PORT).
+time, one CPU each, on the Ray cluster ``--ray`` names (core/ray_session.py: ``local``, ``auto``, HOST:PORT).
 
 Written to ``OUT``: ``trials.json`` (every trial: its point, score, status, run folder), ``best.yaml`` (the
 best trial's resolved training config, for ``admit train --config``) and ``best.json`` (its point and score).
@@ -174,18 +174,17 @@ def validation_worlds(cfg: TrainConfig, n: int) -> list[tuple[str, int]]:
 
 
 def score(run_dir: Path, cfg: TrainConfig, n: int) -> dict[str, float]:
-    """The trained policy's goodput on the validation worlds: mean (the score) and worst (req/s)."""
+    """The trained policy's goodput on the validation worlds, each one `rollout` as ``admit evaluate`` runs it:
+    mean (the score) and worst (req/s)."""
+    from admit.agents.registry import make_controller
+    from admit.envs.rollout import rollout
     from admit.envs.scenario import load_scenario
-    from admit.evaluate.offline import evaluate
 
     policy = f"{cfg.algo}:{run_dir}"
-    by_scenario: dict[str, list[int]] = {}
-    for sc, seed in validation_worlds(cfg, n):
-        by_scenario.setdefault(sc, []).append(seed)
     values: list[float] = []
-    for sc, seeds in by_scenario.items():
-        ev = evaluate(load_scenario(sc), [policy], len(seeds), seed_base=seeds[0]).to_json()
-        values += ev["policies"][policy]["goodput_rps"]["values"]
+    for name, seed in validation_worlds(cfg, n):
+        sc = load_scenario(name)
+        values.append(rollout(sc, make_controller(policy, sc), seed, name=policy)["goodput_rps"])
     return {"goodput_rps": sum(values) / len(values), "worst_goodput_rps": min(values)}
 
 
@@ -234,7 +233,7 @@ def run(base_cfg: TrainConfig, space: Mapping[str, Mapping[str, list[Any]]], tri
     state_path.write_text(json.dumps({"identity": ident, "trials": trials, "validation": validation, "seed": seed,
                                       "space": space, "base": base}, indent=2, default=str))
 
-    from admit.evaluate.ray_jobs import session
+    from admit.core.ray_session import session
     from ray import tune
     from ray.tune.search import ConcurrencyLimiter
     from ray.tune.search.optuna import OptunaSearch
