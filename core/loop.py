@@ -1,6 +1,6 @@
 """The decision loop, written once: observe → act → apply, for any world and any controller.
 
-A ``World`` is what a controller acts on: the simulator (envs/simulation.py's ``Episode``, over the Python
+A ``World`` is what a controller acts on: the simulator (envs/simulation.py's ``SimulatedWorld``, over the Python
 or the compiled world) or the gateway in front of a real server (live/control.py's ``GatewayWorld``, whose
 observe and apply are the admin API's calls). ``run_loop`` drives one: while a decision is due, observe, ask
 the controller, validate its deltas, apply them, show the decision to ``on_decision``, and let the world move

@@ -31,8 +31,8 @@ from admit.envs import kernels as K
 from admit.envs.scenario import Scenario, SlotEngineConfig
 from admit.envs.simulation import (
     END_EPS_S,
-    Episode,
     IntervalCounts,
+    SimulatedWorld,
     Simulation,
     TenantTotals,
     decision_count,
@@ -267,13 +267,13 @@ class CompiledSimulation:
 
     def run(self, controller: Controller, until: float | None = None, on_decision: OnDecision | None = None,
             name: str | None = None) -> RunStats:
-        """``Simulation.run``: core/loop.py's decision loop on ``Episode(self, until)``. A static, naive or
+        """``Simulation.run``: core/loop.py's decision loop on ``SimulatedWorld(self, until)``. A static, naive or
         differentiated controller (whose ``act`` is that class's own) runs the whole loop in one kernel call
         instead (``kernels.run_rule``, an optimisation of the same loop: the same decisions from the same values,
         tests/test_compiled_world.py), unless ``on_decision`` wants to see every decision."""
         rule = _rule_of(controller, self.n_tenants) if on_decision is None else None
         if rule is None:
-            return run_loop(Episode(self, until), controller, on_decision, name)
+            return run_loop(SimulatedWorld(self, until), controller, on_decision, name)
         return self._run_rule(rule, until)
 
     def run_recorded(self, controller: Controller) -> np.ndarray:

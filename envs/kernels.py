@@ -1518,7 +1518,7 @@ def _rule_deltas(rule, params, targets, k, out, deltas):
 
 @kernel
 def run_rule(E, S, arrivals, rule, params, targets, k, lo, hi, interval, end, out, deltas, record, limits):
-    """core/loop.py's ``run_loop`` on the compiled world's ``Episode``, with ``rule`` as the controller: until
+    """core/loop.py's ``run_loop`` on the compiled world's ``SimulatedWorld``, with ``rule`` as the controller: until
     ``end``, observe, decide, set the limits (clamped to [lo, hi]) and run one interval on. Returns (decisions,
     Σ limits). ``record`` (decisions × tenants × NTOT, or empty) receives every tenant's running totals after
     each decision's interval, ``limits`` (decisions × tenants, or empty) the limits each decision set, while

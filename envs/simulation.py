@@ -9,8 +9,8 @@ Decisions happen between ``advance`` calls: ``observe()`` builds the Observation
 changes the limits (``Limits.apply``: current + delta, clamped to the scenario's bounds), ``advance(t)``
 runs the world to time t and ``advance_interval()`` one decision interval on. ``step(deltas)`` is one
 decision (apply, then one interval on): the env's ``step`` is ``Simulation.step``. ``run(controller)`` is
-core/loop.py's one decision loop (observe → act → validate → apply → one interval on) driving ``Episode``,
-the world seen as that loop's ``World``; the evaluator and sim2live call it.
+core/loop.py's one decision loop (observe → act → validate → apply → one interval on) driving
+``SimulatedWorld``, the world seen as that loop's ``World``; the evaluator and sim2live call it.
 
 The requests are the scenario's draws for the seed (``draw_requests``) unless the caller hands the
 simulation its own (``Simulation(scenario, seed, requests=...)``, as sim2live does with the replayed ones).
@@ -298,8 +298,8 @@ class Simulation:
         on_decision: OnDecision | None = None,
         name: str | None = None,
     ) -> RunStats:
-        """The decision loop (core/loop.py's ``run_loop`` on ``Episode(self, until)``): every interval observe →
-        ``controller.act`` → ``validate_deltas`` → apply → one interval on.
+        """The decision loop (core/loop.py's ``run_loop`` on ``SimulatedWorld(self, until)``): every interval
+        observe → ``controller.act`` → ``validate_deltas`` → apply → one interval on.
 
         Runs from ``now`` until simulated time reaches ``until`` (default: the horizon; later than it runs
         the queues dry, with no arrivals after the horizon). The controller must already be ``reset``.
@@ -307,7 +307,7 @@ class Simulation:
         before it are ``obs``'s. A controller that raises ValueError or returns bad deltas raises ValueError
         naming the policy (``name``, default the controller's) and the decision's time.
         """
-        return run_loop(Episode(self, until), controller, on_decision, name)
+        return run_loop(SimulatedWorld(self, until), controller, on_decision, name)
 
     # ------------------------------------------------------------------ the event loop
     def _dispatch(self, req: Request) -> None:
@@ -410,7 +410,7 @@ class Simulation:
         return {t.name: tenant_metrics(tot, span) for t, tot in zip(self.spec.tenants, self.totals, strict=True)}
 
 
-class Episode:
+class SimulatedWorld:
     """A simulated world (``Simulation`` or ``CompiledSimulation``) from its ``now`` to ``until`` (default: the
     horizon) as core/loop.py's ``World``: a decision is due until then, observe is the world's, apply is
     ``apply_deltas`` and advance is one interval on."""

@@ -21,7 +21,7 @@ from admit.core.loop import run_loop
 from admit.core.observation import Observation
 from admit.envs.compiled import CompiledSimulation, _rule_of, make_simulation
 from admit.envs.scenario import Scenario, load_scenario
-from admit.envs.simulation import Episode, Simulation, decision_count
+from admit.envs.simulation import SimulatedWorld, Simulation, decision_count
 
 CPU_DUO = Path(__file__).resolve().parents[1] / "live" / "scenarios" / "cpu-smollm2-duo.yaml"
 
@@ -113,7 +113,7 @@ def test_the_paths_the_scenarios_were_chosen_for_are_reached() -> None:
     assert _random_episode("servegen-skewed", 2, 300.0, 3)[1].summary()["rejected"] > 0
 
 
-class Recorded(Episode):
+class Recorded(SimulatedWorld):
     """The simulator as the decision loop's World, keeping the limits each decision set and every tenant's
     running totals after its interval (``IntervalCounts`` order), as ``kernels.run_rule`` records them."""
 

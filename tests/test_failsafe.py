@@ -15,7 +15,7 @@ from admit.core.loop import run_loop
 from admit.core.observation import Observation
 from admit.core.spec import ControlSpec
 from admit.envs.scenario import load_scenario
-from admit.envs.simulation import Episode, Simulation
+from admit.envs.simulation import SimulatedWorld, Simulation
 
 SC = load_scenario("seed-paper", horizon_s=60)
 
@@ -94,7 +94,7 @@ def test_the_one_loop_drives_a_wrapped_policy_in_the_simulator() -> None:
     """A policy that raises at every decision stops no run: every decision holds until static takes over."""
     with _wrapped(["raise"]) as (fs, _):
         sim = Simulation(SC, 3)
-        stats = run_loop(Episode(sim), fs)
+        stats = run_loop(SimulatedWorld(sim), fs)
         assert stats.decisions == SC.horizon_s / SC.interval_s
         assert sim.limits == [SC.limits.initial] * 2 and stats.mean_limit == SC.limits.initial
         assert dict(fs.failures) == {"raised": 3} and fs.name == "static"
