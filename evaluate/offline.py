@@ -23,7 +23,6 @@ from pathlib import Path
 
 import numpy as np
 from admit.agents.registry import make_controller
-from admit.core.controller import Controller
 from admit.envs.rollout import Episode, rollout
 from admit.envs.scenario import Scenario, load_scenario
 from scipy import stats
@@ -72,21 +71,10 @@ TENANT_METRICS = (
     "good",
 )
 
-def make_bound(policy: str, scenario: Scenario | None) -> Controller:
-    """``make_controller(policy)``, bound to ``scenario`` when the policy asks for it with ``bind_scenario``:
-    ``static:best`` needs the scenario's workload to find its tuned caps, which the ControlSpec it gets at
-    ``reset`` does not carry (agents/static_best.py)."""
-    ctrl = make_controller(policy)
-    bind = getattr(ctrl, "bind_scenario", None)
-    if bind is not None and scenario is not None:
-        bind(scenario)
-    return ctrl
-
-
 def run_policy(scenario: Scenario, policy: str, seed: int) -> Episode:
     """One episode of the policy named ``policy`` on ``seed`` (admit.envs.rollout.rollout, the function the
     static-caps search scores with); returns the episode metrics, overall and per tenant."""
-    return rollout(scenario, make_bound(policy, scenario), seed, name=policy)
+    return rollout(scenario, make_controller(policy, scenario), seed, name=policy)
 
 
 def _job(args: tuple[Scenario, str, int]) -> Episode:
@@ -202,7 +190,7 @@ def evaluate(
         raise ValueError(f"give --workers or --ray, not both (--workers {workers}, --ray {ray}): on Ray the "
                          "cluster's CPUs are the workers")
     for p in policies:  # fail fast on a bad name, before any work
-        make_bound(p, sc).reset(sc.control_spec(), 0)
+        make_controller(p, sc).reset(sc.control_spec(), 0)
     seed_list = [seed_base + i for i in range(seeds)]
     jobs = [(sc, p, s) for p in policies for s in seed_list]
     results: list[Episode] = []

@@ -40,9 +40,10 @@ from importlib import resources
 from pathlib import Path
 
 import numpy as np
+from admit.agents.registry import make_controller
 from admit.core.percentiles import linear_np
 from admit.envs.scenario import bundled_scenarios, load_scenario
-from admit.evaluate.offline import METRICS, evaluate, make_bound, p_values_vs, paired_p
+from admit.evaluate.offline import METRICS, evaluate, p_values_vs, paired_p
 from admit.evaluate.report import latency_pareto_plot, pareto_plot
 from admit.evaluate.verdict import RULE, Verdict, too_few_seeds, verdict, verdicts
 
@@ -100,7 +101,7 @@ def baseline(scenario: str) -> tuple[str, str | None]:
     except ValueError:
         sc = None
     try:
-        ctrl = make_bound(BEST, sc)
+        ctrl = make_controller(BEST, sc)
     except ValueError as e:
         return STATIC, f"the registry cannot make `{BEST}` here ({e})"
     if sc is None:

@@ -65,6 +65,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from admit.agents.registry import make_controller
 from admit.core import metrics_page
 from admit.core.metrics_page import E2E, KV, PREEMPTIONS, RUNNING, WAITING
 from admit.engine.presets import overriding, preset_from_calibration
@@ -73,7 +74,7 @@ from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
 from admit.envs.simulation import Simulation, jain
 from admit.evaluate.offline import METRICS as ALL_METRICS
 from admit.evaluate.offline import TENANT_METRICS as ALL_TENANT_METRICS
-from admit.evaluate.offline import Episode, Evaluation, check_policies, make_bound
+from admit.evaluate.offline import Episode, Evaluation, check_policies
 from admit.live.run import run_live
 from admit.live.sim2live import DRAIN_S, gateway_config, load_config, replay_requests, write_trace
 from admit.live.stack import Stack
@@ -146,7 +147,7 @@ def sim_episode(sc: Scenario, requests: list[Request], policy: str, seed: int,
     needs one (static:best) is bound to — the whole scenario, as the live control loop binds it, not ``sc``
     cut to the protocol's duration (whose caps nobody tuned). ``warmup_s``: requests arriving before it are
     served but left out of the figures, as the live run's load generator leaves them out."""
-    ctrl = make_bound(policy, bound or sc)
+    ctrl = make_controller(policy, bound or sc)
     ctrl.reset(sc.control_spec(), seed)
     sim = Simulation(sc, seed, requests=requests, warmup_s=warmup_s)
     stats = sim.run(ctrl, until=sc.horizon_s + DRAIN_S, name=policy)
@@ -388,7 +389,7 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
             raise ProtocolError(f"--calibration {calibration}: {exc}") from None
     with contextlib.nullcontext() if fit is None else overriding(fit):
         for p in policies:  # a bad name fails here, before any run; static:best is tuned now if it must be
-            make_bound(p, full).reset(sc.control_spec(), seed_base)
+            make_controller(p, full).reset(sc.control_spec(), seed_base)
     cal_id = None if calibration is None else f"sha256:{hashlib.sha256(calibration.read_bytes()).hexdigest()[:16]}"
     ident = _identity(scenario, policies, duration, seed_base, backend, warmup, load, cal_id)
     runs = _load_state(out, ident)

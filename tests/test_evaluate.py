@@ -339,7 +339,7 @@ def test_pareto_plot_of_goodput_vs_worst_tenant_attainment_is_written(short_eval
 def test_results_put_static_best_first_where_the_registry_makes_it(monkeypatch):
     from admit.agents.registry import make_controller
     from admit.controllers.static import StaticController
-    from admit.evaluate import offline, results
+    from admit.evaluate import results
 
     monkeypatch.delenv("ADMIT_LLM_URL", raising=False)
     monkeypatch.setattr(results, "HAND_POLICIES", ("static", "naive", "robust"))
@@ -357,10 +357,10 @@ def test_results_put_static_best_first_where_the_registry_makes_it(monkeypatch):
         assert "the baseline is plain `static`" in note.lower()
 
     # once the registry makes it: static:best, then plain static, then the rest
-    def fake(name: str):
-        return StaticController(32) if name == "static:best" else make_controller(name)
+    def fake(name: str, scenario=None):
+        return StaticController(32) if name == "static:best" else make_controller(name, scenario)
 
-    monkeypatch.setattr(offline, "make_controller", fake)
+    monkeypatch.setattr(results, "make_controller", fake)
     want = ["static:best", "static", "naive", "robust", "ppo:h200-mixed", "ppo:general", "ppo:general-untuned"]
     assert results.policies_for("h200-mixed") == want
     assert results.baseline("h200-mixed") == ("static:best", None)
@@ -371,7 +371,8 @@ def test_results_put_static_best_first_where_the_registry_makes_it(monkeypatch):
         def reset(self, spec, seed=None):
             raise LookupError("no tuned caps for this scenario")
 
-    monkeypatch.setattr(offline, "make_controller", lambda name: Untuned() if name == "static:best" else None)
+    monkeypatch.setattr(results, "make_controller", lambda name, scenario=None: Untuned() if name == "static:best"
+                        else None)
     base, why = results.baseline("h200-mixed")
     assert base == "static" and "no tuned caps" in why
 

@@ -216,9 +216,9 @@ def test_with_a_calibration_the_live_baseline_deploys_caps_tuned_on_that_engine(
     """The engine of the committed cpu-smollm2 preset and a faster CPU's fit (a real `admit calibrate` result)
     get other tuned caps at 4 × the duo scenario's load; with --calibration the control loop of the live run
     deploys the fit's caps, found under the fit's own fingerprint, never the preset's."""
+    from admit.agents.registry import make_controller
     from admit.engine.presets import overriding, preset_from_calibration
     from admit.envs.scenario import load_scenario
-    from admit.evaluate.offline import make_bound
     from admit.live.fidelity_real import SCENARIO, scaled
     from admit.train.static_search import fingerprint
 
@@ -226,7 +226,7 @@ def test_with_a_calibration_the_live_baseline_deploys_caps_tuned_on_that_engine(
     sc = scaled(load_scenario(str(SCENARIO)), 4.0)
     fit = preset_from_calibration(json.loads(CALIBRATION.read_text()), "cpu-smollm2")
     def caps() -> list[int]:
-        ctrl = make_bound("static:best", sc)
+        ctrl = make_controller("static:best", sc)
         ctrl.reset(sc.control_spec(), 0)  # where static:best finds (or tunes) its caps
         return list(ctrl.cap)
 
