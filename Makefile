@@ -6,7 +6,7 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test lint type bench setup clean llm-install llm-server vllm-install vllm-server
+.PHONY: demo test check lint type bench setup clean llm-install llm-server vllm-install vllm-server
 
 # One line per step: pip's output goes to $(VENV)/install.log, printed only when the install fails.
 $(STAMP): pyproject.toml
@@ -61,6 +61,13 @@ test: $(STAMP) llm-install vllm-install
 	$(BIN)/ruff check .
 	PY=$(BIN)/python scripts/typecheck.sh
 	scripts/vllm_server.sh run env PY=$(BIN)/python scripts/llm_server.sh run $(BIN)/python -m pytest -q
+
+# The fast loop while changing code: lint, types and every test that starts no server (pytest -m "not system");
+# a few minutes. `make test` runs everything, real servers included, and is what CI runs.
+check: $(STAMP)
+	$(BIN)/ruff check .
+	PY=$(BIN)/python scripts/typecheck.sh
+	$(BIN)/python -m pytest -q -m "not system"
 
 lint: $(STAMP)
 	$(BIN)/ruff check .

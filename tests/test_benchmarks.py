@@ -13,6 +13,9 @@ from admit.evaluate.offline import run_policy
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
+
 @pytest.fixture(scope="module")
 def simpy_peer():
     sys.path.insert(0, str(BENCHMARKS))

@@ -19,7 +19,7 @@ import pytest
 from admit.live.stack import alive
 
 # generous: the deadlines only bound a hang; a quiet machine needs about 30 s and 6 s (a loaded one, more)
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
 
 def _pids(workdir: Path) -> dict[str, int]:

@@ -70,6 +70,9 @@ EXPECTED = {
 GENERATED = {"admit-config", "admit-secrets"}  # names that get a content-hash suffix
 
 
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
+
 def _read_env_file(path: Path) -> dict[str, str]:
     pairs = {}
     for line in path.read_text().splitlines():

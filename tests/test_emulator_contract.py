@@ -39,6 +39,9 @@ MAX_MODEL_LEN = "2048"  # scripts/vllm_server.sh's --max-model-len (meta.json: "
 INFO = "vllm:cache_config_info"
 
 
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
+
 # ------------------------------------------------------------------------------------------------- parsing
 @dataclass
 class Family:

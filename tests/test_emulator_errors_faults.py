@@ -18,6 +18,9 @@ from emulator_helpers import Emulator, start_emulator
 MODEL = "m"
 
 
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
+
 @pytest.fixture(scope="module")
 def emu() -> Iterator[Emulator]:
     e = start_emulator("--model", MODEL, "--max-model-len", "1024", "--num-gpu-blocks", "64", "--max-num-seqs", "1")

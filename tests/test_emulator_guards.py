@@ -19,6 +19,9 @@ HEAD_TIMEOUT_S = 1.0
 TOKEN = "emu-admin-token-0123456789"
 
 
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
+
 @pytest.fixture(scope="module")
 def emu() -> Iterator[Emulator]:
     e = start_emulator("--model", MODEL, "--max-model-len", "4096", "--head-timeout-s", str(HEAD_TIMEOUT_S))

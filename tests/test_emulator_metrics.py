@@ -26,6 +26,9 @@ PER_REQUEST_HISTS = [
 ]  # fmt: skip
 
 
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
+
 def complete(emu: Emulator, words: int, max_tokens: int, stream: bool = False) -> dict:
     status, body = emu.json("POST", "/v1/completions", {"model": MODEL, "prompt": "hello" + " hello" * (words - 1),
                             "max_tokens": max_tokens, "ignore_eos": True})  # fmt: skip

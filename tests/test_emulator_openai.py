@@ -11,6 +11,9 @@ from emulator_helpers import Emulator, start_emulator
 MODEL = "test-model"
 
 
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
+
 @pytest.fixture(scope="module")
 def emu() -> Iterator[Emulator]:
     # engine time runs 4x faster than the wall clock, short drawn answers: the module stays fast

@@ -9,7 +9,7 @@ import pytest
 from gateway_helpers import ADMIN_TOKEN, CountingMock, GatewayProcess, http, key, tenant_cfg, wait_for
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")

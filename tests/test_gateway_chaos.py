@@ -25,7 +25,7 @@ import pytest
 from gateway_helpers import CountingMock, GatewayProcess, key, tenant_cfg, wait_for
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
-pytestmark = pytest.mark.timeout(240)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(240)]
 
 DURATION_S = 6.0
 KILL_AT, RESTART_AT = 1.5, 3.0

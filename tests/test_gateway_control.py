@@ -38,7 +38,7 @@ from llm_scripted_server import ScriptedServer, Step
 from redis_helpers import free_port
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 MODEL = "emu-model"
 SLO = {"slo": {"e2e_s": 12, "e2e_p99_s": 12}}  # seed-paper's objectives
 

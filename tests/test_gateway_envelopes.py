@@ -14,7 +14,7 @@ from admit.gateway.gcra import Gcra
 from gateway_helpers import CountingMock, GatewayProcess, http, key, tenant_cfg, wait_for
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
 
 def test_gcra_burst_then_rate() -> None:

@@ -25,7 +25,7 @@ from hypothesis import strategies as st
 from redis_helpers import RedisServer
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 FUZZ = settings(max_examples=500, deadline=None, derandomize=True,
                 suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 

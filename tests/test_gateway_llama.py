@@ -25,6 +25,7 @@ from gateway_helpers import GatewayProcess, key, tenant_cfg, wait_for
 URL = os.environ.get("ADMIT_LLM_URL", "").rstrip("/")
 BASE = URL.removesuffix("/v1")
 pytestmark = [
+    pytest.mark.system,
     pytest.mark.llm,
     pytest.mark.skipif(not URL, reason="ADMIT_LLM_URL is unset (make test starts llama.cpp's server)"),
     pytest.mark.timeout(300),

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from gateway_helpers import CountingMock, GatewayProcess, tenant_cfg, wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
 PER_S = 1.0  # lines a second per kind; a burst of 10
 UPGRADE = (b"GET / HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"

@@ -15,7 +15,7 @@ from admit.loadgen.traces import read_jsonl
 from gateway_helpers import CountingMock, GatewayProcess, MockProcess, http, key, tenant_cfg, wait_for
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ from gateway_helpers import CountingMock, GatewayProcess, key, tenant_cfg, wait_
 from redis_helpers import RedisServer
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
 
 @pytest.fixture(scope="module")

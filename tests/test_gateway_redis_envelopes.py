@@ -18,7 +18,7 @@ import redis
 from gateway_helpers import CountingMock, GatewayProcess, key, tenant_cfg, wait_for
 from redis_helpers import RedisServer
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
 RATE = 0.05  # requests per second: one unit refills every 20 s, so a test sees the burst and little else
 

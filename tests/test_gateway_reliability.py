@@ -28,7 +28,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
 TIGHT = {"head_timeout_s": 2, "body_timeout_s": 2, "idle_timeout_s": 2}
 

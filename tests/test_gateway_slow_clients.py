@@ -35,7 +35,7 @@ from proc_helpers import trickle
 from test_gateway_reliability import _metric, addr, assert_json_error, connect
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
 CAP = 32
 HEAD_TIMEOUT_S = 2.0

@@ -26,7 +26,7 @@ from emulator_helpers import Emulator, start_emulator
 from gateway_helpers import GatewayProcess, key, tenant_cfg, wait_for
 from redis_helpers import RedisServer
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
 CONTEXT = 4096
 

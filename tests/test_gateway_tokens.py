@@ -17,7 +17,7 @@ import pytest
 from emulator_helpers import Emulator, start_emulator
 from gateway_helpers import ADMIN_TOKEN, GatewayProcess, http, key, tenant_cfg, wait_for
 
-pytestmark = pytest.mark.timeout(300)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(300)]
 
 WORDS = 200
 PROMPT_TOKENS = WORDS + 1

@@ -15,12 +15,15 @@ import threading
 from pathlib import Path
 
 import aiohttp
+import pytest
 import redis
 import yaml
 from admit.live.stack import alive
 from gateway_helpers import ADMIN_TOKEN, CountingMock, key, tenant_cfg, wait_for
 from proc_helpers import read_listening
 from redis_helpers import RedisServer
+
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
 
 
 def _spawn(tmp: Path, backend: str, cfg: dict, workers: int) -> subprocess.Popen[str]:

@@ -16,7 +16,8 @@ from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.gateway.kueue import KueueError, load_with_kueue, map_quota, quantity, read_manifest
 from gateway_helpers import ADMIN_TOKEN, CountingMock, GatewayProcess, tenant_cfg
 
-pytestmark = pytest.mark.timeout(180)  # bounds a hang; a loaded 2-core machine starts a gateway in seconds
+# bounds a hang; a loaded 2-core machine starts a gateway in seconds
+pytestmark = [pytest.mark.system, pytest.mark.timeout(180)]
 
 R = "admit.dev/concurrency"
 

@@ -27,6 +27,9 @@ SPEC = ControlSpec(
 )
 
 
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
+
 def obs(i: int = 0) -> Observation:
     """A distinct observation per ``i`` (so prompts differ and the cache stays out of the way)."""
     chat = TenantObservation(

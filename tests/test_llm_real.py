@@ -20,6 +20,7 @@ from admit.evaluate.offline import run_policy
 
 URL = os.environ.get("ADMIT_LLM_URL", "")
 pytestmark = [
+    pytest.mark.system,
     pytest.mark.llm,
     pytest.mark.skipif(not URL, reason="ADMIT_LLM_URL is unset (make test starts a real model server)"),
 ]

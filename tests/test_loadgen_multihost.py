@@ -47,7 +47,8 @@ def _netns_usable() -> str | None:
 
 
 _why_not = _netns_usable()
-pytestmark = pytest.mark.skipif(_why_not is not None, reason=f"cannot create network namespaces: {_why_not}")
+pytestmark = [pytest.mark.system,
+              pytest.mark.skipif(_why_not is not None, reason=f"cannot create network namespaces: {_why_not}")]
 
 
 @dataclass

@@ -18,6 +18,9 @@ from admit.cli import app
 POLICIES = ["static", "static:best"]
 
 
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
+
 def test_each_repeat_runs_the_policies_in_an_order_drawn_from_its_seed() -> None:
     pols = ["a", "b", "c", "d"]
     orders = [run_order(pols, s) for s in range(20)]

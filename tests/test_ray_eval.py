@@ -19,7 +19,8 @@ from typer.testing import CliRunner
 
 from admit.cli import app
 
-pytestmark = pytest.mark.timeout(600)  # bounds a hang; a loaded 2-core machine starts Ray in tens of seconds
+# bounds a hang; a loaded 2-core machine starts Ray in tens of seconds
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 RAY = Path(sys.executable).parent / "ray"
 needs_ray = pytest.mark.skipif(not RAY.exists(), reason="Ray is not installed (pip install 'admit[ray]'; "

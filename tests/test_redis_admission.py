@@ -15,7 +15,7 @@ from admit.gateway.redis.admission import RedisAdmission
 from admit.gateway.redis.scripts import GCRA
 from redis_helpers import RedisServer
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(60)]
 
 
 def test_a_crashed_replicas_slots_come_back_after_the_lease_ttl(rs: RedisServer) -> None:

@@ -19,7 +19,7 @@ from admit.gateway.redis.admission import ADMISSION_ERROR, AdmissionError, Redis
 from admit.gateway.redis.envelopes import SharedCharge, SharedEnvelopeBook
 from redis_helpers import RedisServer
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(60)]
 T = TypeVar("T")
 
 

@@ -17,7 +17,8 @@ from admit.envs.scenario import load_scenario  # noqa: E402
 from admit.envs.simulation import decision_count  # noqa: E402
 from admit.train.rllib import ENV_NAME, make_env, ppo_config  # noqa: E402
 
-pytestmark = pytest.mark.timeout(600)  # bounds a hang; Ray starts in tens of seconds on a loaded machine
+# bounds a hang; Ray starts in tens of seconds on a loaded machine
+pytestmark = [pytest.mark.system, pytest.mark.timeout(600)]
 
 
 @pytest.fixture(scope="module")

@@ -20,7 +20,7 @@ import pytest
 from admit.live.stack import alive
 
 ROOT = Path(__file__).resolve().parents[1]
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.system, pytest.mark.timeout(120)]
 
 # a caller of server_common.sh as scripts/llm_server.sh is one, serving a folder with a `health` file
 SCRIPT = r"""

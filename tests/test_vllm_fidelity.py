@@ -23,6 +23,7 @@ import pytest
 URL = os.environ.get("ADMIT_VLLM_URL", "").rstrip("/")
 BASE = URL.removesuffix("/v1")
 pytestmark = [
+    pytest.mark.system,
     pytest.mark.vllm,
     pytest.mark.skipif(not URL, reason="ADMIT_VLLM_URL is unset (make test starts a real vLLM server)"),
     pytest.mark.timeout(900),

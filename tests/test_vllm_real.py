@@ -45,6 +45,7 @@ BASE = URL.removesuffix("/v1")
 CAP = int(os.environ.get("VLLM_MAX_QUEUED_REQS") or 0)
 MODEL = "smollm2-135m-instruct"
 pytestmark = [
+    pytest.mark.system,
     pytest.mark.vllm,
     pytest.mark.skipif(not URL, reason="ADMIT_VLLM_URL is unset (make test starts a real vLLM server)"),
     pytest.mark.timeout(600),

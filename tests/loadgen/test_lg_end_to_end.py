@@ -12,6 +12,9 @@ from typer.testing import CliRunner
 TTFT_MS, ITL_MS, TOKENS = 20.0, 5.0, 8
 
 
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
+
 def test_two_tenant_poisson_run_matches_known_server_delays(mock_server, tmp_path):
     url = mock_server(ttft_ms=TTFT_MS, itl_ms=ITL_MS)
     out = tmp_path / "out"

@@ -7,6 +7,10 @@ import json
 from time import monotonic_ns
 from urllib.parse import urlsplit
 
+import pytest
+
+pytestmark = pytest.mark.system  # starts real servers: `make check` leaves it to `make test`
+
 
 def get(url: str, path: str, body: dict | None = None) -> tuple[int, bytes]:
     parts = urlsplit(url)
