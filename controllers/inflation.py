@@ -14,9 +14,9 @@ Observation already carries:
 3. The server's inflation is the completion-weighted mean of the tenants' ratios (each capped at
    ``cap``); 1.0 when no tenant has data.
 
-Measured under static caps (tuning seeds ≥ 1000): when a tenant queues at its cap on h200-mixed the
-inflation is ~10× (the engine is the bottleneck: more admissions only add interference); when the heavy
-client queues on servegen-skewed it is ~1.3× (its cap is the bottleneck: growing it helps).
+A tenant queued at its cap on a slow-for-everyone server (high inflation) waits on the engine, where more
+admissions only add interference; one queued on a server that is not slowed (inflation near 1) waits on its
+cap, where growing it helps. docs/controllers.md, "Interference gate", has the figures under static caps.
 """
 
 from __future__ import annotations
