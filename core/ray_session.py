@@ -6,8 +6,8 @@ imported here, and Ray only when a session opens.
 
 ``address``: ``local`` starts a Ray instance inside this process for the session (on this machine's cores)
 and stops it after; its workers run at this process's priority (Ray nices its workers to 15 by default, to
-keep a driver responsive, and on a machine something else keeps busy they then get almost no CPU: an `admit
-tune` took 7x longer beside two busy loops); ``auto`` joins the cluster that ``RAY_ADDRESS`` or a ``ray start
+keep a driver responsive, and on a machine something else keeps busy they then get almost no CPU;
+docs/training.md has the slowdown); ``auto`` joins the cluster that ``RAY_ADDRESS`` or a ``ray start
 --head`` on this machine names; anything else — a head's ``HOST:PORT``, or ``ray://HOST:10001`` for Ray Client
 — is handed to ``ray.init(address=...)``.
 """

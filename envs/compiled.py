@@ -10,8 +10,8 @@ replayed requests (sim2live) and anything that reaches into the engine object. A
 by a built-in rule (``core.controller.decision_rule``: static caps, the study's naive and differentiated
 rules) runs a whole episode in one kernel call (``run``), with the same decisions.
 
-The first use in a fresh checkout compiles the kernels (about half a minute on two cores); numba caches
-the machine code next to the source, so later processes load it in well under a second.
+The first use in a fresh checkout compiles the kernels; numba caches the machine code next to the source,
+so later processes load it instead of compiling again (docs/BENCHMARKS.md, "Current figures", has both times).
 """
 
 from __future__ import annotations

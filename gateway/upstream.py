@@ -5,8 +5,7 @@ admission, not the pool, bounds concurrency), each an `asyncio.Protocol` whose r
 httptools (the parser uvicorn uses on the other side). A request is written in one ``transport.write``;
 the response's status and headers come as one object and its body as the byte strings the backend sent
 (de-chunked), with no decompression and no per-request session, connector or header objects. It replaced
-aiohttp's client, which cost about 0.5 ms of CPU per proxied request on the project's 2-core machine
-(docs/BENCHMARKS.md, "Gateway").
+aiohttp's client, which spent several times as much CPU per proxied request (docs/BENCHMARKS.md, "Gateway").
 
 Bodies pass through untouched (``Accept-Encoding`` is not sent, so the backend answers in identity
 encoding). A connection that fails before any response byte arrives is retried once on a fresh connection

@@ -369,7 +369,8 @@ class SharedEnvelopeBook(EnvelopeBook):
     async def charge_and_acquire(self, t: int, target: str, tokens: int) -> ChargedLease:
         """The charge of ``charge_shared`` and the lease of ``RedisAdmission.acquire`` in ONE script
         (CHARGE_ACQUIRE): the fast path of a request with envelopes, one Redis round trip instead of two
-        (the second cost about 0.29 ms p50 and 0.23 ms of gateway CPU per request, docs/BENCHMARKS.md).
+        (the second costs latency and gateway CPU on every request: docs/BENCHMARKS.md, "One script for the
+        charge and the lease").
 
         Returns ``(charge or deferral, lease or None, asked)``. The script tries for the lease only when the
         charge is granted, so a deferral takes no lease. ``asked`` means it tried and found no free slot:
