@@ -7,8 +7,8 @@ per step (user + system, from ``resource``), the figure that moves least with th
 dir, as benchmarks/gateway_bench.py does); the two alternate over ``--repeat`` rounds so that machine
 noise hits both, and the median of the rounds' ratios is reported. This revision runs
 ``admit/TenantAdmission-v1`` (Observation layout 2, the token features) and REV its
-``admit/TenantAdmission-v0`` (``--env-id``, ``--before-env-id``): against the revision before issue 12 the
-ratio is the price of the token-aware Observation and the per-request SLO accounting together.
+``admit/TenantAdmission-v0`` (``--env-id``, ``--before-env-id``): against a revision from before the
+token-aware Observation and the per-request SLO accounting (d88995f below) the ratio is their price together.
 
     python benchmarks/env_step_cost.py --before d88995f [--scenario h200-mixed --scenario servegen-skewed]
         [--steps 20000] [--repeat 5]

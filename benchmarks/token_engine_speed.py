@@ -1,4 +1,4 @@
-"""Speed of the token engine on the Azure LLM 2023 code + conversation hour (issue 3).
+"""Speed of the token engine on the Azure LLM 2023 code + conversation hour.
 
 Replays both traces merged on their real timestamps (28,185 requests; every request submitted to the engine
 at its arrival, no admission limits) through ``TokenEngine`` on a preset, once with macro-steps (the

@@ -11,7 +11,7 @@ prompt is written two tokens short for the number).
 
 Per tenant and overall: throughput and goodput (requests/s meeting the tenant's TTFT and TPOT objectives),
 TTFT, TPOT and e2e p50/p99 — nearest-rank on both sides. The simulator's error on a figure is
-(sim − real) / real. The targets of issue 14, at each load: the median absolute error over the scopes of
+(sim − real) / real. The targets, at each load: the median absolute error over the scopes of
 throughput and the TTFT/TPOT p50s ≤ 15%, of the p99s ≤ 25%. The live limits are matched with the
 simulator's decision by decision (sim2live.align_decisions): the same controller's trajectory in both.
 """
