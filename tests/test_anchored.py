@@ -1,4 +1,4 @@
-"""The anchored tenant-set policy: one network acting around static:best's tuned caps (issue 13)."""
+"""The anchored tenant-set policy: one network acting around static:best's tuned caps."""
 
 from __future__ import annotations
 

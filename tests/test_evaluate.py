@@ -100,7 +100,7 @@ def test_results_cover_seed_paper_and_every_token_scenario_and_say_why_a_policy_
     from admit.evaluate import results
 
     monkeypatch.delenv("ADMIT_LLM_URL", raising=False)
-    # issue 12: seed-paper (the study's reproduction) and every bundled token-engine scenario
+    # seed-paper (the study's reproduction) and every bundled token-engine scenario
     default = results.default_scenarios()
     assert default[0] == "seed-paper"
     assert {"h200-mixed", "h200-azure-2023", "servegen-skewed"} <= set(default)
@@ -197,7 +197,7 @@ def test_weak_reading_sits_beside_the_strict_verdict_and_is_weaker():
     assert non_inferior(_entry(7.829, 15.3, 2.0, p_p99=1e-5, p_d=0.2), zero) == "no (drops)"
 
 
-# ---------------------------------------------------------------------------------- goodput, per tenant (issue 12)
+# ---------------------------------------------------------------------------------- goodput, per tenant
 SHORT_S = 120.0  # simulated seconds per episode: enough for every h200-mixed tenant to be served and to miss
 
 

@@ -1,6 +1,6 @@
 """The gateway under hostile or broken clients: every connection bounded, every value checked, every error JSON.
 
-Each test here is one of the defects a probe of the live gateway found (issue 10), checked against a real
+Each test here is one of the defects a probe of the live gateway found, checked against a real
 gateway process on loopback with raw sockets where HTTP clients would hide the bytes: a head of any size,
 heads and bodies that never end, connections that never speak, more connections than file descriptors,
 bytes that are not HTTP, JSON nested a thousand deep, envelope values no bucket can hold, token envelopes

@@ -1,5 +1,5 @@
 """The paired reward (admit.train.worlds.Paired), the wide anchored choices and training across several families:
-what issue 13's anchored ppo:general is trained with."""
+what the anchored ppo:general is trained with."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The tenant-set encoding, policy and family training: one network for any tenant count (issue 13)."""
+"""The tenant-set encoding, policy and family training: one network for any tenant count."""
 
 from __future__ import annotations
 
