@@ -158,9 +158,9 @@ def pool_caps(
 ) -> TunedCaps:
     """Tuned caps used as *training targets* (imitation's expert). On `TUNING_SEEDS` these are static:best's own
     (`tuned_caps`). On fewer seeds (``seeds`` must be a non-empty prefix of them) the search is the same but
-    cheaper — 2 seeds instead of 5 and no ramp measurement: about 2.3x faster on h200-mix instances, and on
-    h200-mix@0..3 within 0.04% of the 5-seed caps' goodput (measured, docs/training.md) — and the result is
-    cached apart (`pool_path`), never deployed as static:best."""
+    cheaper — 2 seeds instead of 5 and no ramp measurement (what that saves and what it costs in goodput:
+    docs/training.md, "cheaper targets") — and the result is cached apart (`pool_path`), never deployed as
+    static:best."""
     seeds = tuple(int(s) for s in seeds)
     if seeds == TUNING_SEEDS:
         return tuned_caps(scenario, workers=workers, log=log)
@@ -209,8 +209,8 @@ def tune_pool(worlds: Worlds, workers: int, log: Any = None, tune_seeds: int = 5
                  [worlds.instance(s, fam) for fam in worlds.families for s in worlds.family_seeds(fam)])
     if workers > 1 and len(scenarios) > 1:
         # one instance per process, each searching alone: a search's sweeps are a few candidates on two seeds,
-        # so a pool of its own idles at every sweep's end (measured: 6 instances in 43 s against 68 s, the
-        # same caps); each process writes its tuning to the cache, read back below
+        # so a pool of its own idles at every sweep's end (docs/training.md, "cheaper targets", has the timing);
+        # each process writes its tuning to the cache, read back below
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(workers) as pool:
