@@ -234,7 +234,7 @@ def llm_log_summary(path: Path) -> str:
 
 
 def pareto_verdict(entry: dict, base: dict) -> str:
-    """The seed study's goal (issue 5) against static, with significance where the means differ: throughput
+    """The seed study's goal against static, with significance where the means differ: throughput
     ≥ static, p99 ≤ static, drops ≤ half of static's. Kept for seed-paper's reproduction only; every other
     table is judged by evaluate/verdict.py."""
     p = entry["p_value_vs_first"]
@@ -435,7 +435,7 @@ def glance_row(name: str, data: dict) -> str:
             f"{best_of(untuned)} |")
 
 
-GENERAL_POLICY = f"ppo:{GENERAL}"  # issue 13's policy: one tenant-set network for every scenario
+GENERAL_POLICY = f"ppo:{GENERAL}"  # one tenant-set network for every scenario
 UNTUNED_POLICY = f"ppo:{UNTUNED}"  # the same kind of network, run with no tuned caps
 BAR_POLICIES = (GENERAL_POLICY, UNTUNED_POLICY)
 
@@ -469,9 +469,9 @@ def hand_written(data: dict) -> list[str]:
 
 
 def general_row(name: str, data: dict, policy: str = GENERAL_POLICY) -> tuple[str, bool, bool] | None:
-    """Issue 13's bar on one table, or None where ppo:general did not run: its verdict against the baseline and
-    against the best hand-written controller (the one with the most goodput). Returns the row, whether it wins
-    against the baseline and whether it is no worse (ties or wins) than that controller."""
+    """The tenant-set policy's bar on one table, or None where ppo:general did not run: its verdict against the
+    baseline and against the best hand-written controller (the one with the most goodput). Returns the row,
+    whether it wins against the baseline and whether it is no worse (ties or wins) than that controller."""
     pols = data["policies"]
     hand = hand_written(data)
     if policy not in pols or not hand:
@@ -497,8 +497,9 @@ BAR_TEXT = {
 
 
 def general_section(rows: dict[str, list[tuple[str, bool, bool]]], why: str | None) -> list[str]:
-    """The report's part on issue 13's bar: per set policy, the per-table verdicts and their count; then the
-    measured reasons."""
+    """The report's part on the tenant-set policies' bar (beat the baseline everywhere, match the best
+    hand-written controller on half): per set policy, the per-table verdicts and their count; then the measured
+    reasons."""
     if not any(rows.values()):
         return []
     out = [
