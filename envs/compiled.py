@@ -4,7 +4,7 @@ It is ``Simulation`` (envs/simulation.py) for a scenario on its own draws (token
 same public surface — ``limits``, ``apply_deltas``, ``set_limits``, ``step``, ``advance``, ``observe``,
 ``observe_values``, ``take_interval_totals``, ``run``, ``summary``, ``tenant_summary``, ``totals``,
 ``requests``, ``now``, ``done`` — and the same numbers: the kernels transcribe the Python world's code, and
-tests/test_compiled_world.py runs both side by side and compares every observation, count and latency.
+tests/envs/test_compiled_world.py runs both side by side and compares every observation, count and latency.
 ``make_simulation`` picks it wherever it applies; the Python world stays the reference, and is what runs
 replayed requests (sim2live) and anything that reaches into the engine object. A controller that decides
 by a built-in rule (``core.controller.decision_rule``: static caps, the study's naive and differentiated
@@ -270,7 +270,7 @@ class CompiledSimulation:
         """``Simulation.run``: core/loop.py's decision loop on ``SimulatedWorld(self, until)``. A static, naive or
         differentiated controller (whose ``act`` is that class's own) runs the whole loop in one kernel call
         instead (``kernels.run_rule``, an optimisation of the same loop: the same decisions from the same values,
-        tests/test_compiled_world.py), unless ``on_decision`` wants to see every decision."""
+        tests/envs/test_compiled_world.py), unless ``on_decision`` wants to see every decision."""
         rule = _rule_of(controller, self.n_tenants) if on_decision is None else None
         if rule is None:
             return run_loop(SimulatedWorld(self, until), controller, on_decision, name)

@@ -5,7 +5,7 @@ This is a transcription, not a second model. Every function here mirrors one in 
 ``TokenEngine`` (engine/token_engine.py), ``AdmissionCore`` (core/admission.py), ``TenantWindows``
 (core/telemetry.py) and ``Simulation``'s event loop (envs/simulation.py) — and does the same arithmetic in
 the same order, so that an episode gives bit-identical observations, counts and latencies
-(tests/test_compiled_world.py compares the two worlds value by value). Read the Python version for the
+(tests/envs/test_compiled_world.py compares the two worlds value by value). Read the Python version for the
 why; the comments here say only where the representation differs:
 
 * A request is a row of two tables, ``ri`` (integers) and ``rf`` (floats), indexed by its position in

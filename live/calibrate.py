@@ -14,7 +14,7 @@ prefix cache never serves it):
 
 The per-point medians are fitted with :func:`admit.engine.calibration.fit_measured`. The output JSON holds
 the server's version, the samples, the fit, and each sample's error; the `cpu-smollm2` preset's
-coefficients are that file's fit (engine/presets.py, checked by tests/test_steptime.py).
+coefficients are that file's fit (engine/presets.py, checked by tests/engine/test_steptime.py).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Record what a real vLLM server says, for the emulator's contract test (tests/test_emulator_contract.py).
+"""Record what a real vLLM server says, for the emulator's contract test (tests/emulator/test_emulator_contract.py).
 
     scripts/vllm_server.sh run .venv/bin/python scripts/vllm_record.py tests/data/vllm-0.32.0
 

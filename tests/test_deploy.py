@@ -479,7 +479,7 @@ def _gateway_metric_names() -> set[str]:
 
 def _vllm_metric_names() -> set[str]:
     """The vLLM metrics the gateway itself reads (gateway/telemetry.py), so certain to exist on vLLM's /metrics
-    (tests/test_vllm_real.py reads them from a real vLLM engine)."""
+    (tests/gateway/test_vllm_real.py reads them from a real vLLM engine)."""
     from admit.gateway import telemetry
 
     ttft = telemetry.TTFT

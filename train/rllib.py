@@ -16,7 +16,7 @@ RLlib wants one pair of spaces for the whole run. (Training across tenant mixes 
 `admit train --family`, on SB3: docs/training.md.)
 
 `ppo_config` is a small PPO configuration on the new API stack for that env (the smoke run in
-tests/test_rllib.py, and a starting point on a cluster); Ray is the optional extra ``admit[ray]``.
+tests/train/test_rllib.py, and a starting point on a cluster); Ray is the optional extra ``admit[ray]``.
 """
 
 from __future__ import annotations

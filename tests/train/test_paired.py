@@ -184,7 +184,7 @@ def test_a_pool_tuned_one_instance_per_process_has_the_caps_of_one_search_at_a_t
                                                                                    monkeypatch) -> None:
     from admit.train.worlds import pool_caps, tune_pool
 
-    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "envs/families/h200-shift.yaml").read_text())
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "envs/families/h200-shift.yaml").read_text())
     data["scenario"]["horizon_s"] = 240  # short episodes: a quick search
     fam = tmp_path / "short-shift.yaml"
     fam.write_text(yaml.safe_dump(data))
@@ -214,7 +214,7 @@ def test_an_env_in_a_daemonic_worker_tunes_an_untuned_instance_itself(tmp_path: 
 
     from admit.train.worlds import pool_caps
 
-    data = yaml.safe_load((Path(__file__).resolve().parents[1] / "envs/families/h200-shift.yaml").read_text())
+    data = yaml.safe_load((Path(__file__).resolve().parents[2] / "envs/families/h200-shift.yaml").read_text())
     data["scenario"]["horizon_s"] = 240
     fam = tmp_path / "short-shift.yaml"
     fam.write_text(yaml.safe_dump(data))

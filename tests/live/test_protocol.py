@@ -211,7 +211,7 @@ def test_a_calibration_that_is_not_one_is_refused_before_any_run(tmp_path: Path)
         assert not out.exists()
 
 
-CALIBRATION = Path(__file__).parents[1] / "docs" / "results" / "cpu-smollm2-avx512bf16-calibration.json"
+CALIBRATION = Path(__file__).parents[2] / "docs" / "results" / "cpu-smollm2-avx512bf16-calibration.json"
 
 
 def test_with_a_calibration_the_live_baseline_deploys_caps_tuned_on_that_engine(

@@ -31,7 +31,7 @@ from admit.emulator.metrics import VLLM_FAMILIES_NOT_EMULATED
 from emulator_helpers import Emulator, start_emulator
 from prometheus_client.parser import text_string_to_metric_families
 
-DATA = Path(__file__).parent / "data" / "vllm-0.32.0"
+DATA = Path(__file__).parents[1] / "data" / "vllm-0.32.0"
 META = json.loads((DATA / "meta.json").read_text())
 MODEL = META["model"]
 MAX_MODEL_LEN = "2048"  # scripts/vllm_server.sh's --max-model-len (meta.json: "server")

@@ -22,7 +22,7 @@ from admit.gateway.config import parse_config as parse_gateway
 from admit.train.config import parse_config as parse_train
 from pydantic import BaseModel, ValidationError
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # admit's sub-packages live in top-level folders that pyproject.toml maps onto admit.* (as scripts/typecheck.sh reads)
 PACKAGES = sorted(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"])
 # the only fields where infinity means something ("no bound"): both queue timeouts of a scenario

@@ -351,7 +351,7 @@ def test_admit_control_applies_a_good_policy_through_the_audit_log(gw: GatewayPr
 
 def test_admit_control_refuses_a_calibration_it_cannot_bind_and_changes_nothing(gw: GatewayProcess,
                                                                                 tmp_path: Path) -> None:
-    cal = Path(__file__).parents[1] / "docs" / "results" / "cpu-smollm2-avx512bf16-calibration.json"
+    cal = Path(__file__).parents[2] / "docs" / "results" / "cpu-smollm2-avx512bf16-calibration.json"
     env = {**os.environ, "ADMIT_ADMIN_TOKEN": ADMIN_TOKEN}
     before, audit_before = _limits(gw), len(gw.audit_log())
     base = [str(Path(sys.executable).parent / "admit"), "control", "--gateway", gw.url, "--policy", "static:1",

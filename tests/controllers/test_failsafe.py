@@ -1,6 +1,6 @@
 """The fail-safe (controllers/failsafe.py): a wrapping controller that holds on every kind of policy failure and
 falls back after ``max_failures`` in a row, so that the one decision loop (core/loop.py) needs no failure
-handling of its own. tests/test_gateway_control.py runs it in the live loop against a real gateway."""
+handling of its own. tests/live/test_gateway_control.py runs it in the live loop against a real gateway."""
 
 from __future__ import annotations
 

@@ -112,7 +112,7 @@ def test_a_ray_address_nobody_listens_on_is_refused_at_once_and_writes_nothing(t
 
 def _results(monkeypatch: pytest.MonkeyPatch, tmp: Path, *extra: str) -> tuple[str, dict]:
     """`admit results` on a one-minute three-tenant scenario and three hand-written policies (the report's
-    mechanics; which policies the full report runs is tests/test_evaluate.py's matter)."""
+    mechanics; which policies the full report runs is tests/evaluate/test_evaluate.py's matter)."""
     from importlib import resources
 
     import yaml

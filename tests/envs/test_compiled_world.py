@@ -23,7 +23,7 @@ from admit.envs.compiled import CompiledSimulation, _rule_of, make_simulation
 from admit.envs.scenario import Scenario, load_scenario
 from admit.envs.simulation import SimulatedWorld, Simulation, decision_count
 
-CPU_DUO = Path(__file__).resolve().parents[1] / "live" / "scenarios" / "cpu-smollm2-duo.yaml"
+CPU_DUO = Path(__file__).resolve().parents[2] / "live" / "scenarios" / "cpu-smollm2-duo.yaml"
 
 
 def _scenario(name: str, horizon_s: float, max_queue: int | None = None, **update: float) -> Scenario:

@@ -434,7 +434,7 @@ def test_the_gateway_cpu_share_benchmark_reads_the_gateway_beside_decoding_vllm(
     """benchmarks/gateway_cpu_share.py (docs/BENCHMARKS.md): one held request decodes in vLLM, three wait in its
     gateway, and each line reports the gateway's CPU over about a second."""
     idle()
-    out = subprocess.run([sys.executable, str(Path(__file__).parents[1] / "benchmarks" / "gateway_cpu_share.py"),
+    out = subprocess.run([sys.executable, str(Path(__file__).parents[2] / "benchmarks" / "gateway_cpu_share.py"),
                           "--seconds", "2"], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     header, *rows = out.stdout.splitlines()

@@ -14,7 +14,7 @@ from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-VLLM_PAGE = (Path(__file__).parent / "data" / "vllm-0.32.0" / "metrics.txt").read_text()
+VLLM_PAGE = (Path(__file__).parents[1] / "data" / "vllm-0.32.0" / "metrics.txt").read_text()
 
 
 def reference(text: str) -> list[tuple[str, dict[str, str], float]]:

@@ -191,7 +191,7 @@ def test_family_training_writes_a_policy_that_acts_on_any_tenant_count(tmp_path:
         ("family: h200-mix", "family: a family's instances have 2..8 tenants; train them with policy.kind tenant-set"),
         ("algo: dqn\npolicy: {kind: tenant-set}", "policy.kind tenant-set needs algo ppo or a2c, got 'dqn'"),
         ("policy: {kind: deepsets}", "policy.kind: Input should be 'mlp' or 'tenant-set'"),
-        # the anchored policy (tests/test_anchored.py) and imitation (tests/test_imitation.py)
+        # the anchored policy (tests/agents/test_anchored.py) and imitation (tests/train/test_imitation.py)
         ("family: h200-mix\npolicy: {kind: tenant-set, anchor: tuned}",
          "policy.anchor tuned on a family needs family_pool"),
         ("family_pool: {train: 4, validation: 2}", "family_pool: only for a family run"),

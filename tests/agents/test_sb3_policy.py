@@ -22,7 +22,7 @@ from admit.evaluate.offline import run_policy
 from admit.evaluate.results import policies_for
 from admit.train.wrappers import AlgoAction
 
-PRETRAINED = Path(__file__).resolve().parents[1] / "agents" / "pretrained"
+PRETRAINED = Path(__file__).resolve().parents[2] / "agents" / "pretrained"
 SHIPPED = PRETRAINED / "ppo-seed-paper"
 # one shipped PPO policy per results scenario that has one (docs/training.md); each must resolve as ppo:<scenario>
 SHIPPED_SCENARIOS = ("seed-paper", "h200-mixed", "h200-azure-2023", "servegen-skewed")
@@ -99,7 +99,7 @@ def test_shipped_policy_learned_to_hold_the_limits_near_the_maximum() -> None:
 
 
 def test_every_shipped_folder_is_a_small_complete_policy_named_after_its_scenario() -> None:
-    # static-best/ holds static:best's tuned caps, one store per scenario (tests/test_tune.py checks them)
+    # static-best/ holds static:best's tuned caps, one store per scenario (tests/train/test_tune.py checks them)
     folders = sorted(p.name for p in PRETRAINED.iterdir() if p.is_dir() and p.name != "static-best")
     assert {f"ppo-{s}" for s in SHIPPED_SCENARIOS} <= set(folders)
     for name in folders:
