@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from admit.emulator.protocol import GenParams
+from admit.emulator.openai_request import GenParams
 from admit.emulator.tokens import WORD_TEXT, output_text, token_text, word_index
 
 from admit import __version__

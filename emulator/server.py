@@ -33,7 +33,7 @@ from admit.emulator.engine_loop import EngineLoop
 from admit.emulator.faults import FaultError, Faults
 from admit.emulator.http import Connection, HttpRequest
 from admit.emulator.metrics import VllmMetrics, cache_config_labels
-from admit.emulator.protocol import ApiError, GenParams, parse_generation, parse_json
+from admit.emulator.openai_request import ApiError, GenParams, parse_generation, parse_json
 from admit.emulator.responses import AnswerFormat
 from prometheus_client import CONTENT_TYPE_LATEST
 

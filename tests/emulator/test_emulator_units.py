@@ -8,7 +8,7 @@ import math
 import pytest
 from admit.emulator.clock import VirtualClock
 from admit.emulator.histogram import Hist, buckets_1_2_5
-from admit.emulator.protocol import GenParams
+from admit.emulator.openai_request import GenParams
 from admit.emulator.responses import AnswerFormat
 from admit.emulator.tokens import estimate_chat_tokens, estimate_prompt_tokens, estimate_text_tokens
 
