@@ -1,6 +1,7 @@
 """``admit train``: train an SB3 policy (PPO, A2C, DQN, SAC) on a scenario and write a loadable run folder;
-``admit tune``: search a training's hyperparameters (train/hpo.py); ``admit tune-static``: tune static:best's
-per-tenant caps (train/static_search.py).
+``admit tune``: tune a training's hyperparameters (train/hpo.py); ``admit search-static``: search static:best's
+per-tenant caps (train/static_search.py). "Tune" is hyperparameter tuning only; ``admit tune-static``, the caps
+search's former name, stays a hidden alias of ``search-static`` so command lines already written keep working.
 
 Registered in admit/cli.py; stable-baselines3 and torch are imported only when the command runs.
 """
@@ -125,7 +126,7 @@ def tune(
     typer.echo(f"wrote {out}/best.yaml (train it longer with: admit train --config {out}/best.yaml --out DIR)")
 
 
-def tune_static(
+def search_static(
     scenario: str = typer.Option(..., help="bundled scenario name, family instance or path to a scenario YAML"),
     seeds: str = typer.Option(
         "900000..900004", help="tuning seeds, A..B inclusive (default: the range static:best tunes on)"
@@ -137,7 +138,7 @@ def tune_static(
         0.02, min=0.0, max=0.5, help="after each seed, drop candidates this fraction below the leader (0: none)"
     ),
 ) -> None:
-    """Tune per-tenant static caps for the most goodput (coordinate descent over a log grid): static:best's caps."""
+    """Search per-tenant static caps for the most goodput (coordinate descent over a log grid): static:best's caps."""
     import shlex
 
     from admit.agents.static_best import cache_path
@@ -153,7 +154,7 @@ def tune_static(
         _fail(str(e))
     names = [t.name for t in sc.tenants]
     target = out if out is not None else cache_path(sc)
-    command = ["admit", "tune-static", "--scenario", scenario, "--seeds", format_seeds(seed_list)]
+    command = ["admit", "search-static", "--scenario", scenario, "--seeds", format_seeds(seed_list)]
     command += ["--workers", str(workers)]
     if out is not None:
         command += ["--out", str(out)]
@@ -161,7 +162,7 @@ def tune_static(
         command.append("--no-refine")
     if race_margin != 0.02:
         command += ["--race-margin", str(race_margin)]
-    typer.echo(f"tuning static caps of {sc.name} ({', '.join(names)}) on seeds {format_seeds(seed_list)}")
+    typer.echo(f"searching static caps of {sc.name} ({', '.join(names)}) on seeds {format_seeds(seed_list)}")
     try:
         with Progress(transient=True) as bar:
             task = bar.add_task("episodes", total=None)
