@@ -1,14 +1,14 @@
 """``static:best``: per-tenant static caps tuned for goodput, shipped and cached like a trained policy.
 
 An operator who sets Kueue-style per-tenant quotas tunes them on last week's traffic and deploys them
-unchanged. The caps are found by ``admit tune-static`` (admit.train.static_search: the search, its simulator
+unchanged. The caps are found by ``admit search-static`` (admit.train.static_search: the search, its simulator
 objective and the store's format) and kept as JSON tuning stores; this module finds them and holds the
 controller that deploys them, as agents/sb3_policy.py loads what ``admit train`` writes.
 
 **static:best** (``make_controller("static:best")``; `BestStatic`) holds each tenant's limit at the caps
 tuned for the scenario being evaluated, found by the scenario's fingerprint (`fingerprint`: a hash of its
 parsed content, without the name, the description and the reward weights, which change nothing in an
-episode) in a tuning store: the JSON files ``admit tune-static`` writes. It looks in the shipped store
+episode) in a tuning store: the JSON files ``admit search-static`` writes. It looks in the shipped store
 (agents/pretrained/static-best/*.json, beside the other shipped policies, tuned on `TUNING_SEEDS`) and then in
 the cache (`cache_dir`: ``$ADMIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/admit``, else ``~/.cache/admit``; its
 static_best/ folder). Where neither holds caps for this fingerprint — a scenario of one's own, a family
@@ -57,7 +57,7 @@ def shipped_dir() -> Path:
 
 
 def cache_dir() -> Path:
-    """Where tunings made on the fly (and ``admit tune-static`` without ``--out``) go: ``$ADMIT_CACHE_DIR``, else
+    """Where tunings made on the fly (and ``admit search-static`` without ``--out``) go: ``$ADMIT_CACHE_DIR``, else
     ``$XDG_CACHE_HOME/admit``, else ``~/.cache/admit``; the static_best/ folder in it."""
     root = os.environ.get("ADMIT_CACHE_DIR") or (
         str(Path(os.environ["XDG_CACHE_HOME"]) / "admit") if os.environ.get("XDG_CACHE_HOME") else None
@@ -166,7 +166,7 @@ def tuned_caps(
         say(f"static:best: {why}; tuning now on seeds {format_seeds(TUNING_SEEDS)} with {w} worker(s), into {path}")
         tuning = tune_static(scenario, TUNING_SEEDS, w)
         cmd = (
-            f"(on the fly, static:best) admit tune-static --scenario {tuning.source} --seeds "
+            f"(on the fly, static:best) admit search-static --scenario {tuning.source} --seeds "
             f"{format_seeds(TUNING_SEEDS)} --workers {w}"
         )
         write_store(tuning.to_json(cmd), path)
@@ -213,7 +213,7 @@ def scenario_for_spec(spec: ControlSpec, log: Callable[[str], None] | None = Non
     if not found:
         raise ValueError(
             f"static:best: no known scenario has this control spec (tenants {tenants}): it matches no bundled "
-            f"scenario and no tuning in {shipped_dir()} or {cache_dir()}; tune it first (admit tune-static "
+            f"scenario and no tuning in {shipped_dir()} or {cache_dir()}; search them first (admit search-static "
             "--scenario S) or make the policy with make_controller('static:best', scenario=S)"
         )
     if len(found) > 1:

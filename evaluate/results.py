@@ -656,8 +656,9 @@ def _earlier(path: Path, scenario: str, seeds: int) -> dict:
 def _baseline_line(scenarios: list[str], baselines: list[str]) -> str:
     if all(b == BEST for b in baselines):
         return (
-            f"The baseline of every table is `{BEST}`: per-tenant static caps tuned for goodput (`admit tune-static`) "
-            "on seeds disjoint from these, what an operator who tunes quotas on last week's traffic would deploy; "
+            f"The baseline of every table is `{BEST}`: per-tenant static caps tuned for goodput "
+            "(`admit search-static`) on seeds disjoint from these, what an operator who tunes quotas on last week's "
+            "traffic would deploy; "
             f"plain `{STATIC}` (the scenario's initial caps) is the second row."
         )
     plain = [s for s, b in zip(scenarios, baselines, strict=True) if b != BEST]

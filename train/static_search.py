@@ -1,4 +1,4 @@
-"""``admit tune-static``: the search for per-tenant static caps with the most goodput, and its simulator objective.
+"""``admit search-static``: the search for per-tenant static caps with the most goodput, and its simulator objective.
 
 ``tune_static`` searches a scenario's caps by **coordinate descent** on the per-tenant caps over a log grid
 per tenant ({min, 1, 2, 4, ..., max} ∪ {initial}, clipped to the scenario's bounds). A sweep tries values of
