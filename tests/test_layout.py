@@ -1,5 +1,5 @@
 """The house's rules: which folder may import which, and a gateway process that never imports Gymnasium
-(docs/design.md, "Folders")."""
+(docs/design.md, "One distribution, one folder per concept")."""
 
 from __future__ import annotations
 
