@@ -20,54 +20,48 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
 import yaml
-from admit.core.config import ConfigError
+from admit.core.config import ConfigError, error_lines
+from admit.core.schema import StrictModel
+from pydantic import Field, ValidationError, field_validator
 
 LOCAL_API_KEY = "sk-local"  # llama.cpp and vLLM accept any key when started without one
 
 
-@dataclass(frozen=True)
-class LLMConfig:
+class LLMConfig(StrictModel):
+    """The policy's settings: unknown keys refused, frozen, every number finite (core/schema.py). A timeout
+    must be finite too: a late reply becomes a hold, and a reply never waited out would stall the loop."""
+
     base_url: str = "http://127.0.0.1:8080/v1"
     model: str = "local"
     api_key: str = ""
-    timeout_s: float = 10.0
-    max_tokens: int = 200
-    temperature: float = 0.0
-    every: int = 1
-    calls_per_min: float = 120.0
-    burst: int = 5
-    history: int = 8
-    cache_size: int = 256
+    timeout_s: float = Field(default=10.0, gt=0)
+    max_tokens: int = Field(default=200, ge=16)
+    temperature: float = Field(default=0.0, ge=0)
+    every: int = Field(default=1, ge=1)
+    calls_per_min: float = Field(default=120.0, gt=0)
+    burst: int = Field(default=5, ge=1)
+    history: int = Field(default=8, ge=2)
+    cache_size: int = Field(default=256, ge=0)
     log_path: str = ""
-    log_keep: int = 1000
+    log_keep: int = Field(default=1000, ge=1)
     prompt_file: str = ""
 
-    def __post_init__(self) -> None:
-        checks = {
-            "timeout_s": self.timeout_s > 0,
-            "max_tokens": self.max_tokens >= 16,
-            "temperature": self.temperature >= 0,
-            "every": self.every >= 1,
-            "calls_per_min": self.calls_per_min > 0,
-            "burst": self.burst >= 1,
-            "history": self.history >= 2,
-            "cache_size": self.cache_size >= 0,
-            "log_keep": self.log_keep >= 1,
-        }
-        bad = [k for k, ok in checks.items() if not ok]
-        if bad:
-            raise ConfigError(f"llm settings: invalid value for {bad[0]}={getattr(self, bad[0])!r}")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ConfigError(f"llm settings: base_url must start with http:// or https://, got {self.base_url!r}")
+    @field_validator("base_url")
+    @classmethod
+    def _http(cls, url: str) -> str:
+        if not url.startswith(("http://", "https://")):
+            raise ValueError(f"must start with http:// or https://, got {url!r}")
+        return url
 
     def resolved_api_key(self) -> str:
         return self.api_key or os.environ.get("OPENAI_API_KEY", "") or LOCAL_API_KEY
 
+
+_KINDS: dict[Any, type] = {str: str, int: int, float: float}  # the types LLMConfig's fields have
 
 _ENV = {
     "ADMIT_LLM_URL": "base_url",
@@ -82,17 +76,22 @@ _ENV = {
 
 
 def _coerce(cfg: LLMConfig, values: Mapping[str, Any], origin: str) -> LLMConfig:
-    types = {f.name: f.type for f in fields(LLMConfig)}
+    """``cfg`` with ``values`` laid over it, each converted to its field's type first (environment variables
+    are strings; ``every: 2.5`` keeps meaning 2), then the whole checked by the schema."""
+    types = {name: f.annotation for name, f in LLMConfig.model_fields.items()}
     out: dict[str, Any] = {}
     for key, raw in values.items():
         if key not in types:
             raise ConfigError(f"llm settings ({origin}): unknown key {key!r}; allowed: {', '.join(sorted(types))}")
-        kind = {"str": str, "int": int, "float": float}[str(types[key])]
+        kind = _KINDS[types[key]]
         try:
             out[key] = kind(raw)
         except (TypeError, ValueError):
             raise ConfigError(f"llm settings ({origin}): {key} must be {kind.__name__}, got {raw!r}") from None
-    return replace(cfg, **out)
+    try:
+        return LLMConfig.model_validate({**cfg.model_dump(), **out})
+    except ValidationError as exc:
+        raise ConfigError(f"llm settings ({origin}): {'; '.join(error_lines(exc))}") from None
 
 
 def load_config(arg: str | None = None, env: Mapping[str, str] | None = None) -> LLMConfig:

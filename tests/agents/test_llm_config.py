@@ -35,8 +35,8 @@ def test_api_key_falls_back_to_openai_key_then_placeholder(monkeypatch: pytest.M
     [
         ("modle: x\n", "unknown key 'modle'"),
         ("every: often\n", "every must be int"),
-        ("every: 0\n", "invalid value for every=0"),
-        ("base_url: ftp://x\n", "base_url must start with http"),
+        ("every: 0\n", "every: Input should be greater than or equal to 1"),
+        ("base_url: ftp://x\n", "base_url: Value error, must start with http"),
         ("- a list\n", "expected a mapping"),
     ],
 )

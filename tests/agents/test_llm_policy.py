@@ -3,7 +3,6 @@ budget, the cache, decide-every-K and the request's json_schema, through real HT
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import socket
 from collections.abc import Iterator
@@ -49,7 +48,7 @@ def server() -> Iterator[ScriptedServer]:
 
 def policy(url: str, **kw: object) -> LLMPolicy:
     # 10 s: the scripted server answers at once; a deadline is only meant to be missed where a test says so
-    cfg = dataclasses.replace(LLMConfig(base_url=url, model="scripted-model", timeout_s=10.0), **kw)
+    cfg = LLMConfig(base_url=url, model="scripted-model", timeout_s=10.0).model_copy(update=kw)
     p = LLMPolicy(cfg)
     p.reset(SPEC, seed=0)
     return p

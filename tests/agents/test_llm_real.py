@@ -7,7 +7,6 @@ the seed-paper simulation, rationales in the decision log, and the policy inside
 
 from __future__ import annotations
 
-import dataclasses
 import os
 
 import pytest
@@ -44,7 +43,7 @@ def seed_paper_observations(count: int, every: int = 20):
 def test_real_model_gives_schema_valid_deltas_with_rationales() -> None:
     sc, observations = seed_paper_observations(6)
     spec = sc.control_spec()
-    cfg = dataclasses.replace(load_config(URL, env={}), timeout_s=TIMEOUT_S, cache_size=0)
+    cfg = load_config(URL, env={}).model_copy(update={"timeout_s": TIMEOUT_S, "cache_size": 0})
     policy = LLMPolicy(cfg)
     policy.reset(spec, seed=3)
     for obs in observations:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import warnings
 
 import pytest
-from admit.agents.llm_config import LLMConfig
+from admit.agents.llm_config import load_config
 from admit.core.config import ConfigError, DeprecatedKeyWarning, renamed_keys
 from admit.emulator.config import EmulatorConfig
 from admit.emulator.faults import FaultError
@@ -29,7 +29,7 @@ def test_every_config_error_is_one_base_and_still_a_value_error(cls: type) -> No
         lambda: parse_config({"tenants": []}),
         lambda: parse_tenant_flag("name=a,rat=2"),
         lambda: EmulatorConfig(port=-1),
-        lambda: LLMConfig(base_url="ftp://x"),
+        lambda: load_config("ftp://x", env={}),
     ],
 )
 def test_one_except_clause_catches_every_loader(bad) -> None:

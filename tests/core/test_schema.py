@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from admit.agents.llm_config import load_config as load_llm
 from admit.core.config import ConfigError
 from admit.core.schema import StrictModel, Unbounded
 from admit.core.slo import SLO
@@ -25,6 +26,15 @@ from pydantic import BaseModel, ValidationError
 ROOT = Path(__file__).resolve().parents[2]
 # admit's sub-packages live in top-level folders that pyproject.toml maps onto admit.* (as scripts/typecheck.sh reads)
 PACKAGES = sorted(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["package-dir"])
+# *Config classes that are not StrictModels, and why
+NOT_STRICT = {
+    # the emulator imports no pydantic, so that it starts fast (tests and benchmarks start many); its
+    # dataclass refuses non-finite numbers itself, so the policy is the same
+    "admit.emulator.config.EmulatorConfig": "starts without pydantic; refuses non-finite numbers itself",
+    "admit.core.admission.QueueConfig": "not moved yet: a value built in code, checked by __post_init__",
+    "admit.loadgen.config.RunConfig": "not moved yet: checked by loadgen/config.py by hand",
+    "admit.loadgen.config.SweepConfig": "not moved yet: checked by loadgen/config.py by hand",
+}
 # the only fields where infinity means something ("no bound"): both queue timeouts of a scenario
 UNBOUNDED_FIELDS = {"AdmissionConfig.queue_timeout_s", "ScenarioTenant.queue_timeout_s"}
 
@@ -61,6 +71,19 @@ def test_every_pydantic_model_of_admit_derives_from_the_strict_base(models: list
     for m in models:  # and none loosens the base's rules
         cfg = m.model_config
         assert (cfg.get("extra"), cfg.get("frozen"), cfg.get("allow_inf_nan")) == ("forbid", True, False), m
+
+
+def test_every_config_class_derives_from_the_strict_base() -> None:
+    """A class named ``*Config`` is a configuration and follows the one base's rules, dataclasses included;
+    the exceptions are listed here with their reason."""
+    loose = set()
+    for name in _all_modules():
+        for cls in vars(importlib.import_module(name)).values():
+            if (inspect.isclass(cls) and cls.__module__ == name and cls.__name__.endswith("Config")
+                    and not issubclass(cls, StrictModel)):
+                loose.add(f"{name}.{cls.__qualname__}")
+    assert "admit.agents.llm_config.LLMConfig" not in loose  # the check sees the classes it is about
+    assert loose == set(NOT_STRICT), f"*Config classes not on admit.core.schema.StrictModel: {sorted(loose)}"
 
 
 def test_no_two_configuration_classes_share_a_name(models: list[type[BaseModel]]) -> None:
@@ -137,6 +160,8 @@ GATEWAY = {"auth": {"mode": "api_key"}, "tenants": [{"name": "a", "api_keys": ["
         (lambda v: parse_gateway({**GATEWAY, "backend_timeout_s": v}), "backend_timeout_s"),
         (lambda v: parse_gateway({"tenants": [{"name": "a", "api_keys": ["sk-aaaaaaaa"], "weight": v}]}),
          "tenants.0.weight"),
+        (lambda v: load_llm(env={"ADMIT_LLM_TIMEOUT_S": str(v)}), "timeout_s"),
+        (lambda v: load_llm(env={"ADMIT_LLM_CALLS_PER_MIN": str(v)}), "calls_per_min"),
     ],
 )
 def test_a_non_finite_number_is_refused_naming_the_key(load, key: str, value: float) -> None:
