@@ -17,7 +17,15 @@ from pathlib import Path
 from typing import Annotated, Any
 
 import typer
-from admit.loadgen.config import SLO_KEYS, ConfigError, RunConfig, SweepConfig, load_yaml, parse_tenant_flag
+from admit.loadgen.config import (
+    SLO_KEYS,
+    ConfigError,
+    RunConfig,
+    SweepConfig,
+    load_yaml,
+    parse_tenant_flag,
+    updated,
+)
 from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeRemainingColumn
 
@@ -84,14 +92,12 @@ def build_config(
     config: Path | None, overrides: dict[str, Any], tenants: list[str] | None, slo: str | None
 ) -> RunConfig:
     cfg = load_yaml(config) if config else RunConfig()
-    for key, value in overrides.items():
-        if value is not None:
-            setattr(cfg, key, value)
+    values = {key: value for key, value in overrides.items() if value is not None}
     if tenants:
-        cfg.tenants = [parse_tenant_flag(t) for t in tenants]
+        values["tenants"] = [parse_tenant_flag(t) for t in tenants]
     if slo:
-        cfg.slo = _parse_slo(slo)
-    return cfg
+        values["slo"] = _parse_slo(slo)
+    return updated(cfg, values, "command line")
 
 
 def _progress() -> Progress:
@@ -169,7 +175,7 @@ def run(
 
     overrides = _overrides(locals())
     try:
-        cfg = build_config(config, overrides, tenant, slo).validate()
+        cfg = build_config(config, overrides, tenant, slo).checked()
         model_name = _resolve_model(cfg)
         with _progress() as prog:
             task = prog.add_task(f"{cfg.total_rate:g} req/s for {cfg.duration:g} s", total=1.0)
@@ -226,19 +232,18 @@ def sweep(
     overrides = _overrides(locals())
     try:
         cfg = build_config(config, overrides, tenant, slo)
-        sw = cfg.sweep or SweepConfig()
-        for key, value in dict(
+        ladder_flags = dict(
             ladder=ladder,
             start=start,
             stop=stop,
             steps=steps,
             min_achieved=min_achieved,
             max_error_rate=max_error_rate,
-        ).items():
-            if value is not None:
-                setattr(sw, key, value)
-        cfg.sweep = sw
-        cfg.validate()
+        )
+        sw = updated(cfg.sweep or SweepConfig(), {k: v for k, v in ladder_flags.items() if v is not None},
+                     "command line: sweep")
+        cfg = updated(cfg, {"sweep": sw}, "command line")
+        cfg.checked()
         model_name = _resolve_model(cfg)
         summaries: list[dict] = []
         with _progress() as prog:

@@ -7,19 +7,18 @@ unknown key or bad value raises :class:`ConfigError` naming the key and what is 
 
 from __future__ import annotations
 
-import dataclasses
 import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import yaml
 from admit.core import config as core_config
 from admit.core.config import error_lines
+from admit.core.schema import StrictModel
 from admit.core.slo import SLO
 from admit.loadgen.arrivals import PROCESSES, ArrivalSpec
 from admit.loadgen.lengths import LengthDist, parse_length
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 
 ARRIVALS = (*PROCESSES, "trace")
 APIS = ("completions", "chat")
@@ -39,8 +38,7 @@ class ConfigError(core_config.ConfigError):
     """A bad configuration key or value; the message names it and what is allowed."""
 
 
-@dataclass
-class TenantLoad:
+class TenantLoad(StrictModel):
     """One tenant's load: how requests arrive, how long they are, and how they identify themselves."""
 
     name: str
@@ -48,25 +46,24 @@ class TenantLoad:
     arrival: str = "poisson"
     burstiness: float = 1.0
     rate_start: float = 0.0
-    prompt: LengthDist = field(default_factory=lambda: parse_length(32))
-    output: LengthDist = field(default_factory=lambda: parse_length(16))
+    prompt: LengthDist = Field(default_factory=lambda: parse_length(32))
+    output: LengthDist = Field(default_factory=lambda: parse_length(16))
     api_key: str | None = None
-    headers: dict[str, str] = field(default_factory=dict)
+    headers: dict[str, str] = Field(default_factory=dict)
     model: str | None = None
-    extra: dict[str, Any] = field(default_factory=dict)
+    extra: dict[str, Any] = Field(default_factory=dict)
     trace: str | None = None
     trace_speedup: float = 1.0
     trace_tenant: str | None = None
     # the tenant's objectives in the scenario's and the gateway's shape (core/slo.py); the stage summary
     # writes them beside the tenant's measured latencies
-    slo: SLO = field(default_factory=SLO)
+    slo: SLO = Field(default_factory=SLO)
 
     def arrival_spec(self, scale: float = 1.0) -> ArrivalSpec:
         return ArrivalSpec(self.arrival, self.rate * scale, self.burstiness, self.rate_start * scale)
 
 
-@dataclass
-class SweepConfig:
+class SweepConfig(StrictModel):
     """A rate ladder: ``linear`` steps ``start + i·(stop-start)/(steps-1)``, ``geometric`` steps
     ``start·(stop/start)^(i/(steps-1))``; rates are totals over all tenants."""
 
@@ -87,16 +84,21 @@ class SweepConfig:
         return [float(x) for x in np.geomspace(self.start, self.stop, self.steps)]
 
 
-@dataclass
-class RunConfig:
-    """Everything one stage (or a sweep of stages) needs."""
+class RunConfig(StrictModel):
+    """Everything one stage (or a sweep of stages) needs.
+
+    The three classes here are StrictModels (core/schema.py): frozen, and every number finite (a stage of
+    infinite duration or a request that never times out is a typo here, not a setting). Their values are
+    converted from YAML scalars and ``--tenant`` strings by :func:`config_from_mapping` and
+    :func:`parse_tenant_flag`, which name the key of a bad value; :meth:`checked` checks the run as a whole.
+    """
 
     url: str = "http://127.0.0.1:8000"
     api: str = "completions"
     model: str | None = None
     duration: float = 30.0
     seed: int = 0
-    workers: int = field(default_factory=lambda: usable_cores())
+    workers: int = Field(default_factory=usable_cores)
     timeout: float = 60.0
     max_connections: int = 20000
     tenant_header: str | None = None
@@ -110,15 +112,16 @@ class RunConfig:
     throttle: bool = False
     throttle_k: float = 2.0
     warmup: float = 0.0
-    slo: dict[str, float] = field(default_factory=dict)
-    tenants: list[TenantLoad] = field(default_factory=list)
+    slo: dict[str, float] = Field(default_factory=dict)
+    tenants: list[TenantLoad] = Field(default_factory=list)
     sweep: SweepConfig | None = None
 
     @property
     def total_rate(self) -> float:
         return sum(t.rate for t in self.tenants)
 
-    def validate(self) -> RunConfig:
+    def checked(self) -> RunConfig:
+        """``self`` once the run as a whole is checked (tenants, ranges, the sweep); else a ConfigError."""
         if not self.tenants:
             raise ConfigError("no tenants: give at least one --tenant name=...,rate=... or a 'tenants:' list")
         names = [t.name for t in self.tenants]
@@ -216,43 +219,58 @@ def _slo(key: str, value: Any) -> SLO:
         raise ConfigError(f"{lines} (keys: {', '.join(SLO.model_fields)})") from None
 
 
-def _from_mapping(cls: type, data: dict[str, Any], where: str, skip: tuple[str, ...] = ()) -> dict[str, Any]:
-    fields = {f.name: f for f in dataclasses.fields(cls) if f.name not in skip}
+def _from_mapping(cls: type[StrictModel], data: dict[str, Any], where: str,
+                  skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """``data``'s values converted to the types of ``cls``'s fields, a bad key or value named with ``where``."""
+    fields = {name: f.annotation for name, f in cls.model_fields.items() if name not in skip}
     if not isinstance(data, dict):
         raise ConfigError(f"{where}: expected a mapping of keys, got {type(data).__name__}")
     out: dict[str, Any] = {}
     for key, value in data.items():
         if key not in fields:
             raise ConfigError(f"{where}: unknown key {key!r}; allowed: {', '.join(sorted(fields))}")
-        ftype = fields[key].type
-        if ftype in ("dict[str, str]", "dict[str, Any]", "dict[str, float]"):
+        ftype = fields[key]
+        if ftype in (dict[str, str], dict[str, Any], dict[str, float]):
             if not isinstance(value, dict):
                 raise ConfigError(f"{where}: {key} must be a mapping, got {value!r}")
-            if ftype == "dict[str, str]":
+            if ftype == dict[str, str]:
                 value = {str(k): str(v) for k, v in value.items()}
-            elif ftype == "dict[str, float]":
+            elif ftype == dict[str, float]:
                 value = {str(k): _coerce(f"{where}: {key}.{k}", v, float) for k, v in value.items()}
             out[key] = value
-        elif ftype == "float":
-            out[key] = _coerce(f"{where}: {key}", value, float)
-        elif ftype == "int":
-            out[key] = _coerce(f"{where}: {key}", value, int)
-        elif ftype == "bool":
-            out[key] = _coerce(f"{where}: {key}", value, bool)
-        elif ftype == "LengthDist":
-            out[key] = _coerce(f"{where}: {key}", value, LengthDist)
-        elif ftype == "SLO":
+        elif ftype in (float, int, bool, LengthDist):
+            out[key] = _coerce(f"{where}: {key}", value, ftype)
+        elif ftype is SLO:
             out[key] = _slo(f"{where}: {key}", value)
         else:
             out[key] = _coerce(f"{where}: {key}", value, str)
     return out
 
 
+M = TypeVar("M", bound=StrictModel)
+
+
+def build(cls: type[M], values: dict[str, Any], where: str) -> M:
+    """``cls`` from ``values`` already of the fields' types; what the schema refuses (a number that is not
+    finite) is a :class:`ConfigError` naming ``where`` and the key."""
+    try:
+        return cls.model_validate(values)
+    except ValidationError as exc:
+        raise ConfigError("; ".join(f"{where}: {line}" for line in error_lines(exc))) from None
+
+
+def updated(model: M, values: dict[str, Any], where: str) -> M:
+    """``model`` with ``values`` in place of its own, checked as a new one would be (``model_copy`` is not)."""
+    return build(type(model), {**dict(model), **values}, where)
+
+
 def tenant_from_mapping(data: dict[str, Any], index: int = 0) -> TenantLoad:
+    if not isinstance(data, dict):
+        raise ConfigError(f"tenants[{index}]: expected a mapping of keys, got {type(data).__name__}")
     where = f"tenants[{index}]" if "name" not in data else f"tenant {data['name']!r}"
     if "name" not in data:
         raise ConfigError(f"{where}: every tenant needs a 'name'")
-    return TenantLoad(**_from_mapping(TenantLoad, data, where))
+    return build(TenantLoad, _from_mapping(TenantLoad, data, where), where)
 
 
 def parse_tenant_flag(text: str) -> TenantLoad:
@@ -298,8 +316,8 @@ def config_from_mapping(raw: dict[str, Any], where: str = "config") -> RunConfig
     if not isinstance(tenants_raw, list):
         raise ConfigError(f"{where}: tenants must be a list of mappings")
     kwargs = _from_mapping(RunConfig, raw, where, skip=("tenants", "sweep"))
-    cfg = RunConfig(**kwargs)
-    cfg.tenants = [tenant_from_mapping(t, i) for i, t in enumerate(tenants_raw)]
+    kwargs["tenants"] = [tenant_from_mapping(t, i) for i, t in enumerate(tenants_raw)]
     if sweep_raw is not None:
-        cfg.sweep = SweepConfig(**_from_mapping(SweepConfig, sweep_raw, f"{where}: sweep"))
-    return cfg
+        at = f"{where}: sweep"
+        kwargs["sweep"] = build(SweepConfig, _from_mapping(SweepConfig, sweep_raw, at), at)
+    return build(RunConfig, kwargs, where)

@@ -64,8 +64,8 @@ def main() -> None:
         os.sched_setaffinity(0, {int(c) for c in args.client_cpu.split(",")})
     server, url = start_server(args.server_cpu, args.ttft_ms, args.itl_ms)
     try:
-        cfg = RunConfig(url=url, duration=args.duration, seed=1, workers=1)
-        cfg.tenants = [parse_tenant_flag(f"name=a,rate={args.rate},arrival=poisson,prompt=32,output=16")]
+        tenant = parse_tenant_flag(f"name=a,rate={args.rate},arrival=poisson,prompt=32,output=16")
+        cfg = RunConfig(url=url, duration=args.duration, seed=1, workers=1, tenants=[tenant])
         sch = build_schedule(cfg)
         target = Target.from_url(url, "completions")
         warm = 4 + int(args.rate * 0.05)

@@ -20,6 +20,9 @@ from admit.core.workload import Poisson
 from admit.envs.family import FamilyError, load_family
 from admit.envs.scenario import AdmissionConfig, ScenarioTenant, load_scenario, parse_scenario
 from admit.gateway.config import parse_config as parse_gateway
+from admit.loadgen.cli import build_config as loadgen_flags
+from admit.loadgen.config import config_from_mapping as loadgen_mapping
+from admit.loadgen.config import parse_tenant_flag
 from admit.train.config import parse_config as parse_train
 from pydantic import BaseModel, ValidationError
 
@@ -32,8 +35,6 @@ NOT_STRICT = {
     # dataclass refuses non-finite numbers itself, so the policy is the same
     "admit.emulator.config.EmulatorConfig": "starts without pydantic; refuses non-finite numbers itself",
     "admit.core.admission.QueueConfig": "not moved yet: a value built in code, checked by __post_init__",
-    "admit.loadgen.config.RunConfig": "not moved yet: checked by loadgen/config.py by hand",
-    "admit.loadgen.config.SweepConfig": "not moved yet: checked by loadgen/config.py by hand",
 }
 # the only fields where infinity means something ("no bound"): both queue timeouts of a scenario
 UNBOUNDED_FIELDS = {"AdmissionConfig.queue_timeout_s", "ScenarioTenant.queue_timeout_s"}
@@ -162,6 +163,13 @@ GATEWAY = {"auth": {"mode": "api_key"}, "tenants": [{"name": "a", "api_keys": ["
          "tenants.0.weight"),
         (lambda v: load_llm(env={"ADMIT_LLM_TIMEOUT_S": str(v)}), "timeout_s"),
         (lambda v: load_llm(env={"ADMIT_LLM_CALLS_PER_MIN": str(v)}), "calls_per_min"),
+        (lambda v: loadgen_mapping({"duration": v}), "duration"),
+        (lambda v: loadgen_mapping({"timeout": v}), "timeout"),
+        (lambda v: loadgen_mapping({"slo": {"ttft_ms": v}}), "slo.ttft_ms"),
+        (lambda v: loadgen_mapping({"sweep": {"stop": v}}), "sweep: stop"),
+        (lambda v: loadgen_mapping({"tenants": [{"name": "a", "rate": v}]}), "tenant 'a': rate"),
+        (lambda v: parse_tenant_flag(f"name=a,rate=1,trace_speedup={v}"), "tenant 'a': trace_speedup"),
+        (lambda v: loadgen_flags(None, {"duration": v}, None, None), "command line: duration"),
     ],
 )
 def test_a_non_finite_number_is_refused_naming_the_key(load, key: str, value: float) -> None:

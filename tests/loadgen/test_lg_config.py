@@ -37,7 +37,7 @@ def test_yaml_file_with_tenants_slo_and_sweep(tmp_path):
         "  - {name: b, rate: 5, arrival: constant, extra: {temperature: 0}}\n"
         "sweep: {ladder: linear, start: 10, stop: 100, steps: 4}\n"
     )
-    cfg = load_yaml(p).validate()
+    cfg = load_yaml(p).checked()
     assert [t.name for t in cfg.tenants] == ["a", "b"]
     assert cfg.slo == {"ttft_ms": 200.0} and cfg.tenants[1].extra == {"temperature": 0}
     assert cfg.sweep.rates() == [10.0, 40.0, 70.0, 100.0]
@@ -71,7 +71,7 @@ def test_bad_yaml_names_key_and_allowed_values(tmp_path, body, message):
     p = tmp_path / "bad.yaml"
     p.write_text(body)
     with pytest.raises(ConfigError, match=message):
-        load_yaml(p).validate()
+        load_yaml(p).checked()
 
 
 def test_length_forms():
@@ -93,7 +93,7 @@ def test_tenant_slo_is_the_shared_shape(tmp_path):
 
     p = tmp_path / "load.yaml"
     p.write_text("tenants:\n  - {name: a, rate: 10, slo: {e2e_p99_s: 12, ttft_p99_s: 2}}\n  - {name: b, rate: 5}\n")
-    cfg = load_yaml(p).validate()
+    cfg = load_yaml(p).checked()
     assert cfg.tenants[0].slo.e2e_p99_s == 12 and cfg.tenants[1].slo.given() == {}
     r = StageResult(0, 15.0, 1.0, 0, 0, {"a": TenantMetrics(), "b": TenantMetrics()}, 0, 0, 1, 1, 0.0, 0, 0,
                     5.0, 0.99, per_tenant_slo={"a": cfg.tenants[0].slo.given()})

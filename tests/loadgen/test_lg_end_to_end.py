@@ -98,7 +98,7 @@ def test_errors_are_counted_by_reason_and_never_stop_the_run(mock_server, tmp_pa
     lines += [f"  - {{name: f{f}, rate: 10, output: 4, extra: {{mock_fault: '{f}'}}}}" for f in FAULTS]
     p = tmp_path / "faults.yaml"
     p.write_text("\n".join(lines))
-    r = run_stage(load_yaml(p).validate(), "mock")
+    r = run_stage(load_yaml(p).checked(), "mock")
     assert r.tenants["good"].errors == {} and r.tenants["good"].ok == r.tenants["good"].scheduled > 0
     for f in FAULTS:
         m = r.tenants[f"f{f}"]
@@ -112,7 +112,7 @@ def test_errors_are_counted_by_reason_and_never_stop_the_run(mock_server, tmp_pa
         duration=0.5,
         workers=1,
         tenants=[parse_tenant_flag("name=x,rate=20,arrival=constant")],
-    ).validate()
+    ).checked()
     r2 = run_stage(cfg, "mock")
     assert r2.tenants["x"].errors == {"connect_error": 10}
 
@@ -125,15 +125,14 @@ def test_retries_honour_budget_and_throttle_rejects_locally(mock_server):
         workers=1,
         max_retries=3,
         retry_budget=0.5,
-        tenants=[parse_tenant_flag("name=a,rate=100,arrival=constant,output=2")],
-    ).validate()
-    cfg.tenants[0].extra = {"mock_fault": "503"}
+        tenants=[parse_tenant_flag("name=a,rate=100,arrival=constant,output=2")
+                 .model_copy(update={"extra": {"mock_fault": "503"}})],
+    ).checked()
     r = run_stage(cfg, "mock")
     m = r.tenants["a"]
     assert m.errors == {"http_503": 200}
     assert 0 < m.retries <= 0.5 * 200 + 1
-    cfg.max_retries, cfg.throttle = 0, True
-    r = run_stage(cfg, "mock")
+    r = run_stage(cfg.model_copy(update={"max_retries": 0, "throttle": True}), "mock")
     m = r.tenants["a"]
     assert m.errors.get("throttled_client", 0) > 50  # the SRE throttle sheds most attempts once all fail
     assert m.errors["throttled_client"] + m.errors["http_503"] == 200
@@ -149,7 +148,7 @@ def test_chat_api_and_tenant_header(mock_server):
         workers=1,
         tenant_header="X-Tenant",
         tenants=[parse_tenant_flag("name=a,rate=30,output=5")],
-    ).validate()
+    ).checked()
     r = run_stage(cfg, "mock")
     m = r.tenants["a"]
     assert m.errors == {} and m.ok == m.scheduled and m.output_tokens == 5 * m.ok
@@ -261,7 +260,7 @@ def test_non_streamed_requests_are_timed_as_one_json_answer(mock_server, tmp_pat
             ]
         )
     )
-    cfg = load_yaml(p).validate()
+    cfg = load_yaml(p).checked()
     assert cfg.stream is False
     r = run_stage(cfg, "mock")
     m = r.tenants["plain"]
@@ -278,7 +277,7 @@ def test_non_streamed_requests_are_timed_as_one_json_answer(mock_server, tmp_pat
 def test_streaming_stays_the_default(mock_server):
     url = mock_server(itl_ms=1.0)
     cfg = RunConfig(url=url, duration=0.5, workers=1, tenants=[parse_tenant_flag("name=a,rate=20,output=3")])
-    assert cfg.validate().stream is True
+    assert cfg.checked().stream is True
     r = run_stage(cfg, "mock")
     m = r.tenants["a"]
     assert m.errors == {} and m.ok == m.scheduled and m.hist["itl"].count == 2 * m.ok
@@ -295,7 +294,7 @@ def test_a_tenants_own_per_request_objectives_decide_its_good_requests(mock_serv
         f"  - {{name: loose, rate: 20, output: {TOKENS}, slo: {{ttft_s: 1.0, tpot_s: 0.5, e2e_p99_s: 0.001}}}}",
         f"  - {{name: shared, rate: 20, output: {TOKENS}}}",  # the run-level 5 ms TTFT bound
     ]))
-    r = run_stage(load_yaml(p).validate(), "mock")
+    r = run_stage(load_yaml(p).checked(), "mock")
     tight, loose, shared = (r.tenants[n] for n in ("tight", "loose", "shared"))
     assert tight.ok > 0 and tight.good == 0
     assert loose.ok > 0 and loose.good == loose.ok  # a p99 objective is not a per-request one

@@ -66,7 +66,7 @@ def test_trace_tenant_in_schedule(tmp_path):
     p = tmp_path / "trace.csv"
     p.write_text(AZURE)
     t = tenant_from_mapping({"name": "replay", "arrival": "trace", "trace": str(p), "trace_speedup": 2.0})
-    cfg = RunConfig(duration=2.0, tenants=[t]).validate()
+    cfg = RunConfig(duration=2.0, tenants=[t]).checked()
     s = build_schedule(cfg)
     assert (s.offset_ns / 1e9).round(3).tolist() == [0.0, 0.25, 1.25]
     assert s.prompt_tokens.tolist() == [100, 374, 50]

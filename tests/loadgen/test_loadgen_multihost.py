@@ -141,7 +141,7 @@ def _run(server: str, agents: list[str], out: Path, *extra: str) -> subprocess.C
 
 def _schedule_size() -> tuple[int, dict[str, int]]:
     cfg = build_config(None, {"url": "http://x:1", "duration": 2.0, "seed": 11, "model": "mock"}, TENANTS, None)
-    sch = build_schedule(cfg.validate())
+    sch = build_schedule(cfg.checked())
     return len(sch), dict(zip(["a", "b"], sch.count_by_tenant(2), strict=True))
 
 
