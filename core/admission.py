@@ -20,9 +20,11 @@ from __future__ import annotations
 import math
 from collections import deque
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from enum import IntEnum
 from typing import Any
+
+from admit.core.schema import StrictModel, Unbounded
+from pydantic import Field
 
 Clock = Callable[[], float]
 
@@ -35,21 +37,12 @@ class Offer(IntEnum):
     REJECTED = 2  # the tenant's queue was full: the caller defers the request (e.g. HTTP 429)
 
 
-@dataclass(frozen=True)
-class QueueConfig:
-    """Admission settings of one tenant."""
+class QueueConfig(StrictModel):
+    """Admission settings of one tenant; ``queue_timeout_s`` may be ``math.inf``, no timeout."""
 
-    limit: int
-    max_queue: int
-    queue_timeout_s: float
-
-    def __post_init__(self) -> None:
-        if self.limit < 0:
-            raise ValueError(f"limit must be >= 0, got {self.limit}")
-        if self.max_queue < 0:
-            raise ValueError(f"max_queue must be >= 0, got {self.max_queue}")
-        if not self.queue_timeout_s > 0:
-            raise ValueError(f"queue_timeout_s must be > 0 (use math.inf for no timeout), got {self.queue_timeout_s}")
+    limit: int = Field(ge=0)
+    max_queue: int = Field(ge=0)
+    queue_timeout_s: Unbounded = Field(gt=0)
 
 
 class _TenantState:

@@ -186,7 +186,8 @@ class Simulation:
         self.engine = make_engine(scenario)
         lim = scenario.limits
         self.core = AdmissionCore(
-            [QueueConfig(lim.initial, scenario.max_queue(i), scenario.queue_timeout(i)) for i in range(n)],
+            [QueueConfig(limit=lim.initial, max_queue=scenario.max_queue(i), queue_timeout_s=scenario.queue_timeout(i))
+             for i in range(n)],
             clock=self._clock,
         )
         self.windows = [

@@ -40,7 +40,8 @@ class LocalAdmission(TenantSlots):
         self.capacity = capacity
         start = [0 if capacity is not None else t.limit for t in tenants]
         self.core = AdmissionCore(
-            [QueueConfig(s, t.max_queue, t.queue_timeout_s) for s, t in zip(start, tenants, strict=True)],
+            [QueueConfig(limit=s, max_queue=t.max_queue, queue_timeout_s=t.queue_timeout_s)
+             for s, t in zip(start, tenants, strict=True)],
             time.monotonic,
         )
         self._timer: asyncio.TimerHandle | None = None

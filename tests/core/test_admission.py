@@ -16,7 +16,8 @@ class Clock:
 
 def make(limit=2, max_queue=3, timeout=3.0, n=1):
     clock = Clock()
-    return AdmissionCore([QueueConfig(limit, max_queue, timeout) for _ in range(n)], clock), clock
+    cfg = QueueConfig(limit=limit, max_queue=max_queue, queue_timeout_s=timeout)
+    return AdmissionCore([cfg] * n, clock), clock
 
 
 def test_admits_up_to_limit_then_queues_then_rejects():
@@ -105,9 +106,11 @@ def test_cancel_removes_a_queued_item():
 @pytest.mark.parametrize(
     "kwargs, message",
     [
-        ({"limit": -1, "max_queue": 1, "queue_timeout_s": 1.0}, "limit must be >= 0"),
-        ({"limit": 1, "max_queue": -1, "queue_timeout_s": 1.0}, "max_queue must be >= 0"),
-        ({"limit": 1, "max_queue": 1, "queue_timeout_s": 0.0}, "queue_timeout_s must be > 0"),
+        ({"limit": -1, "max_queue": 1, "queue_timeout_s": 1.0}, r"limit\n  Input should be greater than or equal to 0"),
+        ({"limit": 1, "max_queue": -1, "queue_timeout_s": 1.0}, r"max_queue\n  Input should be greater than or equal"),
+        ({"limit": 1, "max_queue": 1, "queue_timeout_s": 0.0}, r"queue_timeout_s\n  Input should be greater than 0"),
+        ({"limit": 1, "max_queue": 1, "queue_timeout_s": math.nan}, r"queue_timeout_s\n  Input should be greater"),
+        ({"limit": math.inf, "max_queue": 1, "queue_timeout_s": 1.0}, r"limit\n  Input should be a finite number"),
     ],
 )
 def test_bad_config_is_a_clear_error(kwargs, message):
