@@ -1,7 +1,8 @@
 """The one base of every configuration schema in admit, and its one rule for numbers that are not finite.
 
-Every pydantic model of admit (the scenario, family, training and gateway configurations, the SLO, the
-workload models) derives from :class:`StrictModel`, so they all treat input alike:
+Every pydantic model of admit (the scenario, family, training, gateway, load generator and LLM policy
+configurations, the admission queues' settings, the SLO, the workload models) derives from
+:class:`StrictModel`, so they all treat input alike:
 
 * **unknown keys are errors** (``extra="forbid"``): a misspelt key names itself instead of being ignored;
 * **frozen**: a parsed configuration is a value that nothing changes behind its reader's back;
