@@ -125,11 +125,12 @@ def _stores(folder: Path, log: Callable[[str], None]) -> list[TunedCaps]:
 
 def all_stores(log: Callable[[str], None] | None = None) -> list[TunedCaps]:
     """Every readable tuning, shipped first, then cached."""
-    say = log or _stderr
+    say = log or to_stderr
     return _stores(shipped_dir(), say) + _stores(cache_dir(), say)
 
 
-def _stderr(msg: str) -> None:
+def to_stderr(msg: str) -> None:
+    """Where the tuned caps say what they do when the caller gives no log: stderr, at once."""
     print(msg, file=sys.stderr, flush=True)
 
 
@@ -141,7 +142,7 @@ def tuned_caps(
 ) -> TunedCaps:
     """The stored tuning of ``scenario`` (by fingerprint, shipped then cached); where none is, tune on
     `TUNING_SEEDS` now, say so, and cache it. Remembered per process."""
-    say = log or _stderr
+    say = log or to_stderr
     fp = fingerprint(scenario)
     key = (fp, str(shipped_dir()), str(cache_dir()))
     if key in _RESOLVED:
@@ -189,7 +190,7 @@ def scenario_for_spec(spec: ControlSpec, log: Callable[[str], None] | None = Non
     key = (spec, str(shipped_dir()), str(cache_dir()))
     if key in _BY_SPEC:
         return _BY_SPEC[key]
-    say = log or _stderr
+    say = log or to_stderr
     found: dict[str, Scenario] = {}
     for name in bundled_scenarios():
         sc = load_scenario(name)

@@ -38,7 +38,7 @@ from typing import Any, Literal
 import gymnasium as gym
 import numpy as np
 from admit.agents import set_codec
-from admit.agents.static_best import TunedCaps, _stderr, cache_dir, tuned_caps
+from admit.agents.static_best import TunedCaps, cache_dir, to_stderr, tuned_caps
 from admit.core.observation import FEATURE_MAX
 from admit.envs.env import TenantAdmissionEnv
 from admit.envs.family import load_family, mean_rate, sample_scenario
@@ -176,7 +176,7 @@ def pool_caps(
         try:
             found = TunedCaps.load(path)
         except ValueError as e:  # a damaged file is tuned again and replaced, and said so
-            (log or _stderr)(f"pool caps: {e}; tuning again")
+            (log or to_stderr)(f"pool caps: {e}; tuning again")
     if found is None or found.fingerprint != fingerprint(scenario) or found.seeds != seeds:
         w = workers if workers is not None else int(os.environ.get("ADMIT_TUNE_WORKERS", min(4, os.cpu_count() or 1)))
         tuning = tune_static(scenario, seeds, w, measure_ramp=False)
