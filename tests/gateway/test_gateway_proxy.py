@@ -104,10 +104,10 @@ def test_request_log_lines_are_complete_and_replayable(gw: GatewayProcess, tmp_p
 
 
 def test_the_log_splits_ttft_into_queue_wait_backend_and_the_gateways_own_part(tmp_path: Path) -> None:
-    """A backend 150 ms to its first token and a limit of 1: of two requests at once the second waits for the
-    first. Each line's ``backend_ttft_s`` holds the backend's 150 ms, ``queue_wait_s`` the wait, and
+    """A backend 300 ms to its first token and a limit of 1: a second request sent once the backend holds the
+    first waits for it. Each line's ``backend_ttft_s`` holds the backend's 300 ms, ``queue_wait_s`` the wait, and
     ``overhead_s`` only what is left of the TTFT (the gateway's own work), far below either."""
-    slow = CountingMock(ttft_ms=150, itl_ms=1)
+    slow = CountingMock(ttft_ms=300, itl_ms=1)
     g = GatewayProcess(tmp_path, slow.url, {"tenants": [tenant_cfg("alpha", limit=1)]})
     try:
         c = client(g)
@@ -118,16 +118,22 @@ def test_the_log_splits_ttft_into_queue_wait_backend_and_the_gateways_own_part(t
                 pass
 
         with ThreadPoolExecutor(2) as pool:
-            list(pool.map(one, ["first", "second"]))
+            first = pool.submit(one, "first")
+            wait_for(lambda: slow.counter.started >= 1 or first.done(), 10, "the backend holding the first request")
+            second = pool.submit(one, "second")
+            first.result(), second.result()
         lines = wait_for(lambda: ls if len(ls := g.request_log()) == 2 else [], 10, "two log lines")
         for x in lines:
-            # the mock times its 150 ms on its event loop's clock (whole milliseconds, read once per loop turn):
-            # it can answer a few ms early by the gateway's precise clock (seen: 147.5 ms)
-            assert x["outcome"] == "ok" and 0.14 <= x["backend_ttft_s"] < x["ttft_s"]
+            # the mock times its 300 ms on its event loop's clock (whole milliseconds, read once per loop turn):
+            # it can answer a few ms early by the gateway's precise clock
+            assert x["outcome"] == "ok" and 0.28 <= x["backend_ttft_s"] < x["ttft_s"]
             assert x["overhead_s"] == pytest.approx(x["ttft_s"] - x["queue_wait_s"] - x["backend_ttft_s"], abs=3e-6)
-        waited = max(lines, key=lambda x: x["queue_wait_s"])
-        assert waited["queue_wait_s"] >= 0.15  # the second waited for the first's whole answer
-        assert waited["ttft_s"] >= 0.3 and waited["overhead_s"] < 0.1  # neither the wait nor the backend in it
+            assert x["overhead_s"] < 0.1  # neither the wait nor the backend in it
+        a, b = (next(x for x in lines if x["step_id"] == tag) for tag in ("first", "second"))
+        # the second goes upstream only once the first has its answer: its admission (arrival + wait) comes after
+        # the first's first token, however late the second was sent
+        assert b["arrival"] + b["queue_wait_s"] >= a["arrival"] + a["ttft_s"] - 1e-3
+        assert b["ttft_s"] == pytest.approx(b["queue_wait_s"] + b["backend_ttft_s"] + b["overhead_s"], abs=3e-6)
     finally:
         g.stop()
         slow.stop()
