@@ -35,6 +35,7 @@ from urllib.parse import urlsplit
 
 from admit.core import metrics_page
 from admit.engine.calibration import StepSample, fit_measured, predict_sample
+from admit.live.stack import wait_idle
 
 WORD = " hello"  # one token in SmolLM2's (and most BPE) vocabularies; the count is read back from usage
 PREFILL_TOKENS = (16, 64, 128, 256, 512, 768, 1024, 1536)
@@ -109,10 +110,6 @@ class Backend:
                 "block_size": block, "kv_bytes_per_token": (1 << 30) // (blocks * block),  # as if 1 GiB: shown only
                 "max_model_len": int(card.get("max_model_len") or 2048), "max_num_seqs": max_num_seqs,
                 "max_num_batched_tokens": max_num_batched_tokens}
-
-    def idle(self) -> bool:
-        with urllib.request.urlopen(self.base + "/metrics", timeout=10) as r:
-            return metrics_page.in_engine(r.read().decode()) == 0
 
 
 def cpu_name() -> str:
@@ -198,11 +195,7 @@ def calibrate(url: str, model: str | None = None, reps: int = 3, quick: bool = F
     """Run the designed requests against ``url`` and fit; the JSON-ready result (see the module docstring)."""
     backend = Backend(url, model)
     engine = backend.engine(max_num_seqs, max_num_batched_tokens)
-    deadline = time.monotonic() + 120
-    while not backend.idle():
-        if time.monotonic() > deadline:
-            raise RuntimeError("the server stayed busy for 2 minutes; calibrate an idle server")
-        time.sleep(0.5)
+    wait_idle(url, 120)  # calibrate an idle server: the samples time one designed load at a time
     prefills = (16, 128, 512, 1024) if quick else PREFILL_TOKENS
     batches = (1, 4, 8) if quick else DECODE_BATCHES
     contexts = (32, 384) if quick else DECODE_CONTEXTS

@@ -35,7 +35,7 @@ from admit.core.slo import is_good, tpot
 from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
 from admit.live.run import read_request_log, run_live
 from admit.live.sim2live import gateway_config, load_config, replay_requests, write_trace
-from admit.live.stack import Stack
+from admit.live.stack import Stack, wait_idle
 from rich.console import Console
 from rich.table import Table
 
@@ -127,7 +127,7 @@ def run_demo(scenario: str, duration: float, policies: list[str], out: Path, see
 
                     fidelity_real.write_trace(sc, requests, trace)
                     load = fidelity_real.real_load_config(sc, trace)
-                    fidelity_real.wait_idle(backend)
+                    wait_idle(backend)
                     console.print(f"{pol}: real vLLM at {backend} + gateway + control loop + admit loadgen, "
                                   f"{len(requests)} requests over {duration:g} s ...")
                     target = backend

@@ -25,12 +25,10 @@ import re
 import secrets
 import statistics
 import tempfile
-import time
 import urllib.request
 from pathlib import Path
 from typing import Any
 
-from admit.core import metrics_page
 from admit.engine.presets import overriding, preset_from_calibration
 from admit.envs.family import scenario_load
 from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
@@ -43,7 +41,7 @@ from admit.live.sim2live import (
     replay_requests,
     simulate,
 )
-from admit.live.stack import Stack, StackError
+from admit.live.stack import Stack, wait_idle
 from rich.console import Console
 from rich.table import Table
 
@@ -94,18 +92,6 @@ def real_load_config(sc: Scenario, trace: Path) -> dict[str, Any]:
     salt = secrets.token_hex(8)
     cfg["tenants"] = [{**t, "extra": {**t.get("extra", {}), "cache_salt": salt}} for t in cfg["tenants"]]
     return cfg
-
-
-def wait_idle(backend: str, timeout_s: float = 300.0) -> None:
-    """Until the server has no request running or waiting (a previous load's stragglers)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
-        with urllib.request.urlopen(backend.rstrip("/") + "/metrics", timeout=10) as r:
-            if metrics_page.in_engine(r.read().decode()) == 0:
-                return
-        if time.monotonic() > deadline:
-            raise StackError(f"the server at {backend} stayed busy for {timeout_s:g} s")
-        time.sleep(0.5)
 
 
 def errors(sim: dict[str, Any], real: dict[str, Any]) -> dict[str, Any]:

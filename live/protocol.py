@@ -77,7 +77,7 @@ from admit.evaluate.offline import TENANT_METRICS as ALL_TENANT_METRICS
 from admit.evaluate.offline import Episode, Evaluation, check_policies
 from admit.live.run import run_live
 from admit.live.sim2live import DRAIN_S, gateway_config, load_config, replay_requests, write_trace
-from admit.live.stack import Stack
+from admit.live.stack import Stack, wait_idle
 from rich.console import Console
 from rich.table import Table
 
@@ -297,7 +297,7 @@ def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str,
 
             fidelity_real.write_trace(sc, requests, trace)
             load = fidelity_real.real_load_config(sc, trace)
-            fidelity_real.wait_idle(backend)  # the cool-down: the previous run's stragglers are done
+            wait_idle(backend)  # the cool-down: the previous run's stragglers are done
             target = backend
         load["warmup"] = warmup
         with BackendSampler(target) as sampler:

@@ -23,6 +23,7 @@ from types import FrameType, TracebackType
 from typing import Any
 
 import yaml
+from admit.core import metrics_page
 
 ADMIN_ENV = "ADMIT_STACK_ADMIN_TOKEN"
 
@@ -57,6 +58,16 @@ def poll(pred: Callable[[], Any], timeout: float, what: str, every: float = 0.05
         if time.monotonic() > deadline:
             raise StackError(f"timed out after {timeout:g} s waiting for {what}")
         time.sleep(every)
+
+
+def wait_idle(base_url: str, timeout_s: float = 300.0) -> None:
+    """Until the vLLM-compatible server at ``base_url`` has no request running or waiting (a previous load's
+    stragglers, or someone else's traffic), read from its metrics page; StackError after ``timeout_s``."""
+    def idle() -> bool:
+        with urllib.request.urlopen(base_url.rstrip("/") + "/metrics", timeout=10) as r:
+            return metrics_page.in_engine(r.read().decode()) == 0
+
+    poll(idle, timeout_s, f"the server at {base_url} to be idle", every=0.5)
 
 
 def http_json(method: str, url: str, token: str | None = None, body: Any = None, timeout: float = 5) -> Any:
