@@ -20,7 +20,7 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # The main job: the live stack on 127.0.0.1 (emulator, gateway, control loop, load) on long-context-chat's
-# requests, static:best vs token:best vs ppo:general, about 4 minutes; per-tenant goodput on stdout, JSON in
+# requests, static:best vs ledger:best vs ppo:general, about 4 minutes; per-tenant goodput on stdout, JSON in
 # results/demo.json.
 demo: $(STAMP)
 	$(BIN)/admit demo --out results/demo.json

@@ -4,7 +4,7 @@
 shipped and trained ones of agents/ (``static:best``, agents/static_best.py: static caps tuned for goodput on
 seeds disjoint from the evaluation's; ``ppo:PATH`` and friends; ``llm:URL``). It lives in agents/ because it
 makes agents' policies; the heavy ones (torch, the openai client) are imported only when one is made.
-A policy that acts around static:best's caps (``token:best``, an anchored tenant-set policy such as
+A policy that acts around static:best's caps (``ledger:best``, an anchored tenant-set policy such as
 ``ppo:general``) is that policy wrapped around ``BestStatic`` (controllers/around.py). A policy that needs more
 of its world than the ``ControlSpec`` it gets at ``reset`` (static:best needs the scenario's workload to find
 its caps) exposes ``bind_scenario(scenario)``; ``make_controller(text, scenario=S)`` calls it.
@@ -27,11 +27,11 @@ from admit.controllers.field import (
     VllmTokenCapController,
 )
 from admit.controllers.gradient2 import Gradient2Controller
+from admit.controllers.ledger import LedgerController
 from admit.controllers.naive import NaiveController
 from admit.controllers.robust import RobustController
 from admit.controllers.saturation import SaturationGateController
 from admit.controllers.static import StaticController
-from admit.controllers.token import TokenLedgerController
 from admit.core.controller import Controller
 
 if TYPE_CHECKING:
@@ -54,12 +54,12 @@ def _static(arg: str | None) -> Controller:
     return c
 
 
-def _token(arg: str | None) -> Controller:
+def _ledger(arg: str | None) -> Controller:
     if arg is None:
-        return TokenLedgerController()
+        return LedgerController()
     if arg == "best":  # static:best's caps as quotas: borrow above them, give back first
-        return AroundBase(TokenLedgerController(), BestStatic(), name="token:best")
-    raise ValueError(f"policy 'token' takes no argument or 'best', got {arg!r}")
+        return AroundBase(LedgerController(), BestStatic(), name="ledger:best")
+    raise ValueError(f"policy 'ledger' takes no argument or 'best', got {arg!r}")
 
 
 def _no_arg(cls: Any) -> Callable[[str | None], Controller]:  # a controller class with a name
@@ -106,9 +106,13 @@ _FACTORIES: dict[str, Callable[[str | None], Controller]] = {
     "llmd-soft": _no_arg(LlmdSoftController),
     "vllm-tokencap": _no_arg(VllmTokenCapController),
     "dynamo-wdrr": _no_arg(DynamoWdrrController),
-    "token": _token,
+    "ledger": _ledger,
     **{name: _robust(name) for name in _ROBUST_ABLATIONS},
 }
+
+
+# names a policy had before, and its name now: an old name is refused with the new one in the error
+RENAMED = {"token": "ledger"}
 
 
 def register_prefix(name: str, factory: Callable[[str | None], Controller]) -> None:
@@ -124,6 +128,9 @@ def make_controller(text: str, scenario: Scenario | None = None) -> Controller:
     name, _, arg = text.partition(":")
     factory = _FACTORIES.get(name)
     if factory is None:
+        if name in RENAMED:
+            raise ValueError(f"policy {name!r} is now called {RENAMED[name]!r}: "
+                             f"use {RENAMED[name] + text[len(name):]!r} (docs/controllers.md)")
         raise ValueError(f"unknown policy {text!r}; available: {', '.join(available())} (some take ':ARG')")
     ctrl = factory(arg or None)
     bind = getattr(ctrl, "bind_scenario", None)

@@ -16,7 +16,7 @@ A tenant-set policy (``policy.kind: tenant-set``, admit.agents.set_policy) takes
 and any ``max_step``: its input is admit.agents.set_codec's padded vector and its action one multiplicative
 choice per tenant, decoded by the same module. An anchored tenant-set policy (``policy.anchor: tuned``) acts
 around static:best's caps for the scenario: ``reset`` takes them as ``anchors``, which the registry's wrapper
-(controllers/around.py, around ``BestStatic`` as ``token:best`` is) hands it.
+(controllers/around.py, around ``BestStatic`` as ``ledger:best`` is) hands it.
 Loaded models are cached per process, so ``admit evaluate`` loads a run once, not once per seed.
 """
 

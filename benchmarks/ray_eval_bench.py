@@ -6,7 +6,7 @@ order, and checks the two results are identical; then the cost of one Ray task o
 batch of empty tasks. Prints walls, their ratio per round, and the per-task overhead.
 
     python benchmarks/ray_eval_bench.py --scenario h200-mixed --policy static --policy aimd \\
-        --policy token:best --seeds 10 --rounds 2
+        --policy ledger:best --seeds 10 --rounds 2
 
 With ``--results`` each round is the RESULTS sweep instead (``admit results``: every policy on every results
 scenario, one Ray session for all of them), ``--workers W`` against ``--ray local``, the per-scenario JSON
@@ -83,7 +83,7 @@ def main() -> None:
     ap.add_argument("--tasks", type=int, default=1000, help="empty tasks for the per-task overhead")
     ap.add_argument("--results", action="store_true", help="the RESULTS sweep (admit results) instead")
     args = ap.parse_args()
-    args.policy = args.policy or ["static", "aimd", "token:best"]
+    args.policy = args.policy or ["static", "aimd", "ledger:best"]
     if args.results:
         with tempfile.TemporaryDirectory() as tmp:
             for r in range(args.rounds):

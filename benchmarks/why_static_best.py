@@ -2,14 +2,14 @@
 
 Two measurements, on seeds 1000.. (disjoint from RESULTS' 0..19 and from static:best's tuning seeds):
 
-1. **Deviations from the tuned caps** (``--sweep``): on each scenario, static:best against token:best
+1. **Deviations from the tuned caps** (``--sweep``): on each scenario, static:best against ledger:best
    variants that lend above the caps (``borrow_frac``: the KV share that may be lent; ``healthy_frac``: how
    far under the miss target every latency tenant must be, with confidence, before anything is lent),
    that excuse tenants waiting at their own limit from that check (``own_excused``) and lend only to fresh
    queues (``fresh_only``), or that also cut a tenant without TTFT/TPOT objective below its cap
    (``cut_below``). Per variant: mean goodput, its difference to static:best and the largest drop of any
    tenant's attainment (the verdict's second condition: a win needs it above −0.01).
-2. **What a loan costs the others** (``--harm SCENARIO:VICTIM``): under token:best with a lending bound of
+2. **What a loan costs the others** (``--harm SCENARIO:VICTIM``): under ledger:best with a lending bound of
    10% of the KV cache, every decision's window is binned by the number of requests lent at that moment
    (limits above the caps, summed over tenants, capped at 8) and the victim tenant's share of requests
    over its TTFT objective is read from the window's percentiles, completion-weighted, per bin.
@@ -28,8 +28,8 @@ from typing import Any
 
 from admit.agents.static_best import BestStatic
 from admit.controllers.around import AroundBase
+from admit.controllers.ledger import LedgerController
 from admit.controllers.slo_bound import share_above
-from admit.controllers.token import TokenLedgerController
 from admit.core.observation import Observation
 from admit.envs.compiled import make_simulation
 from admit.envs.scenario import Scenario, load_scenario
@@ -72,9 +72,9 @@ def sweep(name: str, seeds: int, horizon: float | None) -> None:
     cells = " ".join(f"{k} {v:.3f}" for k, v in a0.items())
     print(f"| static:best | {g0:.3f} | — | — | {cells} |", flush=True)
     for kw in VARIANTS:
-        g, a = mean_run(sc, lambda kw=kw: AroundBase(TokenLedgerController(**kw), BestStatic(sc)), seeds)
+        g, a = mean_run(sc, lambda kw=kw: AroundBase(LedgerController(**kw), BestStatic(sc)), seeds)
         drop = min(a[k] - a0[k] for k in a)
-        label = "token:best" + (f" {json.dumps(kw)}" if kw else " (defaults)")
+        label = "ledger:best" + (f" {json.dumps(kw)}" if kw else " (defaults)")
         cells = " ".join(f"{k} {v:.3f}" for k, v in a.items())
         print(f"| {label} | {g:.3f} | {g - g0:+.3f} | {drop:+.3f} | {cells} |", flush=True)
 
@@ -85,8 +85,8 @@ def harm(spec: str, seeds: int, horizon: float | None) -> None:
     vi = [t.name for t in sc.tenants].index(victim)
     slo = sc.control_spec().tenants[vi].slo_ttft_s
     for label, make in (("static:best", lambda: BestStatic(sc)),
-                        ("token:best, 10% lendable",
-                         lambda: AroundBase(TokenLedgerController(borrow_frac=0.1), BestStatic(sc)))):
+                        ("ledger:best, 10% lendable",
+                         lambda: AroundBase(LedgerController(borrow_frac=0.1), BestStatic(sc)))):
         bins: dict[int, list[float]] = defaultdict(lambda: [0.0, 0.0])
         for s in range(SEED0, SEED0 + seeds):
             ctrl = make()

@@ -3,8 +3,8 @@
 ``AroundBase(inner, base)`` is one controller made of two. At ``reset`` it resets ``base`` with the same spec
 and seed, takes the caps the base holds (``base.cap``: an int for every tenant or one per tenant) and resets
 ``inner`` with them as its anchors, ``inner.reset(spec, seed, anchors=caps)``; every decision is then the
-inner's. The inner controller decides what the anchors mean: ``token:best`` is the token ledger controller
-(controllers/token.py) treating static:best's caps as quotas it lends above, an anchored tenant-set policy
+inner's. The inner controller decides what the anchors mean: ``ledger:best`` is the ledger controller
+(controllers/ledger.py) treating static:best's caps as quotas it lends above, an anchored tenant-set policy
 (``ppo:general``, admit.agents.sb3_policy) acts in steps around them. A base that needs its scenario
 (``bind_scenario``, as static:best does to find its tuned caps) is bound through the wrapper.
 

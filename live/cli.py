@@ -136,7 +136,7 @@ def demo(
         "live/scenarios/cpu-smollm2-duo.yaml)"),
     duration: float = typer.Option(45.0, min=5, help="seconds of the scenario's requests per policy"),
     policy: list[str] = typer.Option(
-        ["static:best", "token:best", "ppo:general"],
+        ["static:best", "ledger:best", "ppo:general"],
         help="policies, the first the baseline (repeat); one that does not load is left out, with a note"),
     out: Path = typer.Option(Path("results/demo.json"), help="where to write the JSON"),
     seed: int = typer.Option(1, help="the seed of the requests (every policy gets the same)"),

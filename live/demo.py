@@ -10,7 +10,7 @@ tenant, where the scenario's default caps thrash the KV cache.
 
 The default policies: ``static:best`` (per-tenant caps tuned for goodput offline on seeds 900000–900004,
 shipped in agents/pretrained/static-best/; never the demo's seed), the best hand-written controller on this scenario
-in docs/RESULTS.md (``token:best``), and ``ppo:general`` (the one learned policy for every scenario, acting
+in docs/RESULTS.md (``ledger:best``), and ``ppo:general`` (the one learned policy for every scenario, acting
 around static:best's caps) when it is shipped. A request is good when it completes within every per-request
 objective of its tenant (the load generator checks them as the simulator does); a tenant's attainment is its
 good requests over all its arrivals. Every process is stopped on exit, error, Ctrl-C or SIGTERM.
@@ -40,7 +40,7 @@ from rich.console import Console
 from rich.table import Table
 
 SCENARIO = "long-context-chat"
-POLICIES = ("static:best", "token:best", "ppo:general")
+POLICIES = ("static:best", "ledger:best", "ppo:general")
 BIN_S = 5.0  # the goodput series counts good completions per bin of this many seconds
 
 

@@ -183,7 +183,7 @@ CONTROL_COMMAND = [
     "--gateway",
     "http://admit-gateway:8080",
     "--policy",
-    "token:best",
+    "ledger:best",
     "--spec",
     "gateway",
     "--interval",

@@ -68,7 +68,7 @@ def test_plot_draws_one_column_per_policy(tmp_path: Path) -> None:
 
     one, three = tmp_path / "one.png", tmp_path / "three.png"
     plot_demo(_result(["static:best"]), one)
-    plot_demo(_result(["static:best", "token:best", "ppo:general"]), three)
+    plot_demo(_result(["static:best", "ledger:best", "ppo:general"]), three)
     with Image.open(one) as a, Image.open(three) as b:
         assert a.format == b.format == "PNG"
         assert b.height == a.height and b.width == pytest.approx(3 * a.width, rel=0.05)
@@ -77,7 +77,7 @@ def test_plot_draws_one_column_per_policy(tmp_path: Path) -> None:
 
 def test_plot_from_a_saved_result_on_the_command_line(tmp_path: Path) -> None:
     saved = tmp_path / "demo.json"
-    saved.write_text(json.dumps(_result(["static:best", "token:best"])))
+    saved.write_text(json.dumps(_result(["static:best", "ledger:best"])))
     out = tmp_path / "figure.png"
     subprocess.run([sys.executable, "-m", "admit.live.demo", str(saved), str(out)], check=True, timeout=120)
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -1,11 +1,11 @@
-"""The token-aware controller (controllers/token.py): its ledgers, its donor, its quotas, whole episodes."""
+"""The token-aware controller (controllers/ledger.py): its ledgers, its donor, its quotas, whole episodes."""
 
 import math
 
 import pytest
 from admit.agents.registry import make_controller
 from admit.controllers.around import AroundBase
-from admit.controllers.token import TokenLedgerController
+from admit.controllers.ledger import LedgerController
 from admit.core.controller import validate_deltas
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, Limits, TenantSpec
@@ -41,7 +41,7 @@ def batch(**kw: float) -> TenantObservation:
 
 
 def test_a_victim_at_risk_makes_the_tenant_that_can_wait_give_back():
-    c = TokenLedgerController()
+    c = LedgerController()
     c.reset(spec(CHAT, BATCH))
     deltas = [c.act(obs([chat(slow=True), batch()], time_s=2.0 * i)) for i in range(1, 4)]
     # the chat tenant misses its TTFT with its own wait short: the engine is slow, the batch tenant pays
@@ -52,7 +52,7 @@ def test_a_victim_at_risk_makes_the_tenant_that_can_wait_give_back():
 
 
 def test_no_victim_no_cut_and_a_backlog_grows_within_the_kv_ledger():
-    c = TokenLedgerController()
+    c = LedgerController()
     c.reset(spec(CHAT, BATCH))
     # nothing waits in the engine: K = 110,000 / 0.5 = 220,000 tokens; 85% of it is 187,000
     d = c.act(obs([chat(slow=False), batch(limit=20, queue_depth=10, prompt_tokens_queued=50_000)], 2.0, kv=0.5))
@@ -65,7 +65,7 @@ def test_no_victim_no_cut_and_a_backlog_grows_within_the_kv_ledger():
 
 
 def test_the_kv_size_is_read_only_when_nothing_waits_in_the_engine():
-    c = TokenLedgerController()
+    c = LedgerController()
     c.reset(spec(CHAT, BATCH))
     c.act(obs([chat(slow=False), batch()], 2.0, kv=0.4, waiting=12))  # tokens in flight not all in the cache
     assert c.kv_tokens == 0.0
@@ -74,7 +74,7 @@ def test_the_kv_size_is_read_only_when_nothing_waits_in_the_engine():
 
 
 def test_least_served_backlogged_tenant_grows_first_when_room_is_short():
-    c = TokenLedgerController()
+    c = LedgerController()
     two = spec(TenantSpec("a", slo_e2e_s=60.0), TenantSpec("b", slo_e2e_s=60.0))
     c.reset(two)
     a = dict(in_flight=10, limit=10, queue_depth=10, prompt_tokens_queued=10_000, tokens_in_flight=10_000)
@@ -96,9 +96,9 @@ def test_token_best_walks_to_its_quotas_and_never_cuts_a_latency_tenant_below_th
         def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
             pass
 
-    c = AroundBase(TokenLedgerController(), Quota(), name="token:q")  # how the registry makes token:best
+    c = AroundBase(LedgerController(), Quota(), name="ledger:q")  # how the registry makes ledger:best
     c.reset(spec(CHAT, BATCH))
-    assert c.name == "token:q" and c.inner.quota == [16, 4]
+    assert c.name == "ledger:q" and c.inner.quota == [16, 4]
     first = c.act(obs([chat(slow=False), batch(in_flight=4)], 2.0))
     assert first == [-8, -8]  # the ramp: toward 16 and 4 by max_step
     ramp = c.act(obs([chat(slow=False, limit=24), batch(limit=24, in_flight=4)], 4.0))
@@ -109,7 +109,7 @@ def test_token_best_walks_to_its_quotas_and_never_cuts_a_latency_tenant_below_th
         d = c.act(obs(at, 2.0 * i))
         assert d[1] == 0  # the donor has borrowed nothing: it keeps its quota
     # no victim, a backlogged tenant at its quota, chat not yet healthy with confidence: no loan
-    c2 = TokenLedgerController()
+    c2 = LedgerController()
     c2.reset(spec(CHAT, BATCH), anchors=Quota.cap)
     c2.ramping = [False, False]
     d = c2.act(obs([chat(slow=False, limit=16), batch(limit=4, in_flight=4, queue_depth=6)], 2.0))
@@ -128,7 +128,7 @@ def test_token_best_walks_to_its_quotas_and_never_cuts_a_latency_tenant_below_th
     assert back[1] == -d[1]
 
 
-@pytest.mark.parametrize("policy", ["token", "token:best"])
+@pytest.mark.parametrize("policy", ["ledger", "ledger:best"])
 def test_whole_episodes_give_valid_deltas(policy: str) -> None:
     sc = load_scenario("long-context-chat", horizon_s=120)
     ctrl = make_controller(policy, scenario=sc)
@@ -154,13 +154,15 @@ def test_the_ledger_rescues_a_kv_cache_that_static_caps_thrash() -> None:
     long-context tenant (it can wait) and the chat tenant keeps its objectives."""
     sc = load_scenario("long-context-chat", horizon_s=300)
     static = [run_policy(sc, "static", s)["goodput_rps"] for s in (0, 1)]
-    token = [run_policy(sc, "token", s) for s in (0, 1)]
+    token = [run_policy(sc, "ledger", s) for s in (0, 1)]
     assert all(t["goodput_rps"] > 2 * s for t, s in zip(token, static, strict=True))
     assert all(t["tenants"]["chat"]["attainment"] > 0.5 for t in token)
 
 
 def test_the_registry_builds_both_and_refuses_other_arguments() -> None:
-    assert make_controller("token").name == "token"
-    assert make_controller("token:best").name == "token:best"
+    assert make_controller("ledger").name == "ledger"
+    assert make_controller("ledger:best").name == "ledger:best"
     with pytest.raises(ValueError, match="no argument or 'best'"):
-        make_controller("token:7")
+        make_controller("ledger:7")
+    with pytest.raises(ValueError, match="'token' is now called 'ledger': use 'ledger:best'"):
+        make_controller("token:best")  # its former name points to the new one

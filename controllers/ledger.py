@@ -1,4 +1,4 @@
-"""Token-aware admission: a footprint ledger, SLO feedback with confidence, weighted fair sharing.
+"""Token-aware admission by a ledger: a footprint ledger, SLO feedback with confidence, weighted fair sharing.
 
 What decides interference on a token engine is tokens, not requests: a long prompt holds the prefill budget
 until its first token and the KV cache until its last (llm-d's capacity-ledger design notes; vLLM's
@@ -25,7 +25,7 @@ until its first token and the KV cache until its last (llm-d's capacity-ledger d
    i fit if Σ tokens_in_flight + Δ·f_i ≤ ``kv_target``·K and Σ prefill_tokens + Δ·p_i ≤ P (p_i: the mean
    prompt it has queued).
 
-``token:best`` (static:best's caps as its anchors, controllers/around.py) treats the tuned caps as **quotas**
+``ledger:best`` (static:best's caps as its anchors, controllers/around.py) treats the tuned caps as **quotas**
 and lends above them, as Kueue's cohorts lend unused quota: it first walks to the quotas as static:best does;
 a donor gives back only what it borrowed (never below its quota); lending needs every latency tenant *healthy*
 — the Wilson upper bound of its miss share ≤ ``healthy_frac`` × miss_target over ≥ ``min_samples`` requests —
@@ -59,8 +59,8 @@ def _tpot_p95(t: TenantObservation) -> float:
     return t.tpot_p50 * (t.tpot_p99 / t.tpot_p50) ** _P95_AT
 
 
-class TokenLedgerController:
-    name = "token"
+class LedgerController:
+    name = "ledger"
 
     def __init__(self, miss_target: float = 0.05, z: float = 1.645, history_s: float = 30.0,
                  kv_target: float = 0.85, kv_high: float = 0.95, cut: float = 0.25, hold_s: float = 10.0,
@@ -77,7 +77,7 @@ class TokenLedgerController:
         self.own_excused, self.fresh_only = own_excused, fresh_only
 
     def reset(self, spec: ControlSpec, seed: int | None = None, anchors: Sequence[int] | None = None) -> None:
-        """Start an episode; ``anchors`` (per tenant), when given, are the quotas it lends above (token:best gets
+        """Start an episode; ``anchors`` (per tenant), when given, are the quotas it lends above (ledger:best gets
         static:best's caps through controllers/around.py)."""
         self.spec, n = spec, spec.n_tenants
         self.latency = [math.isfinite(t.slo_ttft_s) or math.isfinite(t.slo_tpot_s) for t in spec.tenants]
