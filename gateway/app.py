@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from admit.core.gcra import Gcra
 from admit.core.telemetry import TenantTokens
 from admit.gateway.admin import AdminApi
 from admit.gateway.admission import ENVELOPE_EMPTY, AdmissionBackend, Deferred, Lease
@@ -61,7 +62,6 @@ from admit.gateway.asgi import HttpError, Receive, Scope, Send, bearer, header, 
 from admit.gateway.body import BadBody, RequestInfo, parse_request
 from admit.gateway.config import GatewayConfig
 from admit.gateway.envelopes import Charge, Deferral, EnvelopeBook
-from admit.gateway.gcra import Gcra
 from admit.gateway.guard import SCOPE_CLOSED, Bounds
 from admit.gateway.jsonl import JsonlWriter
 from admit.gateway.local_admission import LocalAdmission

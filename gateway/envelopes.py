@@ -16,8 +16,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from admit.core.gcra import Gcra
 from admit.gateway.config import ENVELOPE_TARGET_ANY, EnvelopeConfig
-from admit.gateway.gcra import Gcra
 
 AlertHook = Callable[[str, str, str, float], None]  # (tenant, target, unit, remaining fraction)
 UNITS = ("requests", "tokens")

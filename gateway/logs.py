@@ -5,7 +5,7 @@ Anyone who reaches the port can make a server write a line: uvicorn warns for ev
 no line is written unmetered. `LineLimit` is a logging filter on the process's one handler, which every
 logger propagates to (uvicorn's too: the server is started with ``log_config=None``, so uvicorn installs no
 handler of its own). Lines of one *kind* — logger, level and message template, not the formatted text —
-share a GCRA bucket (gateway/gcra.py) of ``per_s`` lines a second with a burst of ten times that, so a flood
+share a GCRA bucket (core/gcra.py) of ``per_s`` lines a second with a burst of ten times that, so a flood
 of one warning never silences another. A line over its bucket is dropped and counted
 (``admit_gateway_log_lines_suppressed_total``); the next line of its kind that passes ends with how many
 were left out since the last one. Past ``MAX_KINDS`` kinds (templates are the code's own, so only a bug
@@ -22,7 +22,7 @@ import logging
 import time
 from collections.abc import Callable
 
-from admit.gateway.gcra import Gcra
+from admit.core.gcra import Gcra
 
 MAX_KINDS = 1024
 _OTHER = ("", 0, "(other kinds)")

@@ -23,7 +23,7 @@ version (one key, one per change: a batch is one) and the version of each tenant
 sequence for all replicas. Every read comes before the first write, so a script that fails on a key of the
 wrong type has changed nothing.
 
-**GCRA.** The arithmetic of gateway/gcra.py, line for line, on TATs kept in server microseconds: with
+**GCRA.** The arithmetic of core/gcra.py, line for line, on TATs kept in server microseconds: with
 ``T = 1e6 / rate`` and ``tau = max(T * burst, qty * T)``, ``new_tat = max(tat, now) + qty * T`` is allowed
 iff ``new_tat - tau <= now``, tested on the debt (``max(tat - now, 0) + qty * T - tau <= 0``) so that no
 rounding of the clock's magnitude defers a full bucket. All buckets of a request are checked before any is

@@ -8,9 +8,9 @@ import time
 from collections.abc import Iterator
 
 import pytest
+from admit.core.gcra import Gcra
 from admit.gateway.config import EnvelopeConfig
 from admit.gateway.envelopes import Charge, Deferral, EnvelopeBook
-from admit.gateway.gcra import Gcra
 from gateway_helpers import CountingMock, GatewayProcess, http, key, tenant_cfg, wait_for
 
 # generous: it bounds a hang; a loaded 2-core machine takes many seconds to start each process
