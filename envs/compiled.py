@@ -32,6 +32,7 @@ from admit.envs.scenario import Scenario, SlotEngineConfig
 from admit.envs.simulation import (
     END_EPS_S,
     IntervalCounts,
+    RequestColumns,
     SimulatedWorld,
     Simulation,
     TenantTotals,
@@ -324,6 +325,12 @@ class CompiledSimulation:
                 e2e=array("d", c[:, K.C_E2E].tobytes()), ttft=array("d", c[:, K.C_TTFT].tobytes()),
                 tpot=array("d", c[:, K.C_TPOT].tobytes())))
         return out
+
+    def request_columns(self) -> RequestColumns:
+        """This episode's requests as columns in arrival order (what ``requests`` holds, without the objects)."""
+        ri, rf = self._E[0], self._E[1]
+        return RequestColumns(ri[:, K.TEN].astype(np.int64), rf[:, K.ARR].copy(), ri[:, K.PROMPT].astype(np.int64),
+                              ri[:, K.OUT].astype(np.int64), rf[:, K.FTOK].copy(), rf[:, K.FIN].copy())
 
     @property
     def requests(self) -> list[Request]:

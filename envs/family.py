@@ -463,6 +463,19 @@ def tenant_loads(scenario: Scenario) -> list[float]:
             for i, t in enumerate(scenario.tenants)]
 
 
+def contract_loads(scenario: Scenario) -> list[float | None]:
+    """Each tenant's contract as a utilisation of the engine, like ``tenant_loads`` (None: no contract): its
+    contracted requests/s (a token contract at the tenant's mean request size) over its capacity."""
+    out: list[float | None] = []
+    for i, t in enumerate(scenario.tenants):
+        if t.contract is None:
+            out.append(None)
+            continue
+        rps = t.contract.requests_per_s_at(tenant_mix(t).tokens) if t.contract.unit == "tokens" else t.contract.rate
+        out.append(float(rps / tenant_capacity_rps(scenario, i)))
+    return out
+
+
 def scenario_load(scenario: Scenario) -> float:
     """The scenario's load: its tenants' utilisations summed, 1.0 = the engine's estimated capacity."""
     return float(sum(tenant_loads(scenario)))

@@ -4,7 +4,9 @@
 builds the world for that seed (``make_simulation``: the same requests for every controller on one seed, the
 common random numbers of a comparison), runs the decision loop to the horizon and returns the episode's
 metrics: ``Simulation.summary()`` with the overall e2e percentiles also under the names the tenants' figures
-use, ``mean_limit`` and ``"tenants"`` (``tenant_summary()``). A caller that needs more of the finished world
+use, ``mean_limit`` and ``"tenants"`` (``tenant_summary()``), and where tenants have contracts their figures
+(envs/contracts.py: per tenant ``contract_attainment``, ``contract_met``, ...; overall ``contracts_met`` and
+``contract_shortfall``). A caller that needs more of the finished world
 than its summary (the search asks which limits ever held a request back) passes ``inspect``, whose dict is
 added to the episode.
 """
@@ -16,6 +18,7 @@ from typing import Any
 
 from admit.core.controller import Controller
 from admit.envs.compiled import World, make_simulation
+from admit.envs.contracts import episode_contracts
 from admit.envs.scenario import Scenario
 
 # One episode: the overall metrics (floats) and ``"tenants"``: {name: {metric: float}}.
@@ -45,6 +48,11 @@ def rollout(
     out.setdefault("e2e_p99_s", out["p99_s"])
     out["mean_limit"] = stats.mean_limit
     out["tenants"] = sim.tenant_summary()
+    if scenario.has_contracts:
+        per, overall = episode_contracts(scenario, sim.request_columns(), getattr(sim, "warmup_s", 0.0))
+        for name, figs in per.items():
+            out["tenants"][name].update(figs)
+        out.update(overall)
     if inspect is not None:
         out.update(inspect(sim))
     return out

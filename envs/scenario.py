@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 
 import yaml
 from admit.core.config import ConfigError, error_lines
+from admit.core.contract import Contract
 from admit.core.schema import StrictModel, Unbounded
 from admit.core.slo import SLO
 from admit.core.spec import ControlSpec, Limits, TenantSpec
@@ -47,6 +48,7 @@ class ScenarioTenant(StrictModel):
     priority: int = 0
     max_queue: int | None = Field(default=None, ge=0)
     queue_timeout_s: Unbounded | None = Field(default=None, gt=0)  # none: the scenario's admission.queue_timeout_s
+    contract: Contract | None = None  # the load it is promised service for (core/contract.py); none: no promise
 
     @model_validator(mode="after")
     def _sizes(self) -> ScenarioTenant:
@@ -128,6 +130,27 @@ class Scenario(StrictModel):
         if len(set(names)) != len(names):
             raise ValueError(f"tenant names must be unique, got {names}")
         return self
+
+    @model_validator(mode="after")
+    def _contracts_feasible(self) -> Scenario:
+        """The contracts must fit the engine together: their loads (each contract's requests/s over its tenant's
+        capacity, engine/capacity.py) sum to at most 1."""
+        if not self.has_contracts:
+            return self
+        from admit.envs.family import contract_loads  # the capacity estimate reads traces: only when needed
+
+        loads = contract_loads(self)
+        total = sum(x for x in loads if x is not None)
+        if total > 1.0 + 1e-9:
+            each = ", ".join(f"{t.name} {x:.2f}" for t, x in zip(self.tenants, loads, strict=True) if x is not None)
+            raise ValueError(f"the contracts ask for {total:.2f} of the engine's estimated capacity ({each}); "
+                             "together they must be at most 1.00 (engine/capacity.py estimates each tenant's)")
+        return self
+
+    @property
+    def has_contracts(self) -> bool:
+        """Whether any tenant has a contract (core/contract.py)."""
+        return any(t.contract is not None for t in self.tenants)
 
     def queue_timeout(self, i: int) -> float:
         t = self.tenants[i].queue_timeout_s

@@ -79,6 +79,38 @@ class TenantTotals:
     tpot: array[float] = field(default_factory=_floats)
 
 
+@dataclass(frozen=True, slots=True)
+class RequestColumns:
+    """An episode's requests as columns in arrival order: tenant index, arrival, prompt and output tokens, and
+    the times of the first token and of the finish (NaN where the episode ended first)."""
+
+    tenant: np.ndarray
+    arrival: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    first_token: np.ndarray
+    finished: np.ndarray
+
+    @classmethod
+    def of(cls, requests: Sequence[Request]) -> RequestColumns:
+        def col(name: str, dtype: type) -> np.ndarray:
+            return np.fromiter((getattr(r, name) for r in requests), dtype=dtype, count=len(requests))
+
+        return cls(col("tenant", np.int64), col("arrival", np.float64), col("prompt_tokens", np.int64),
+                   col("output_tokens", np.int64), col("first_token", np.float64), col("finished", np.float64))
+
+    def good(self, bounds: Sequence[tuple[float, float, float]]) -> np.ndarray:
+        """Per request, whether it finished within its tenant's per-request (ttft, tpot, e2e) ``bounds``: the
+        test the episode's totals count ``good`` by (core/slo.py's ``is_good``, TPOT as core.slo.tpot)."""
+        b = np.asarray(bounds, dtype=np.float64)[self.tenant]
+        done = np.isfinite(self.finished)
+        e2e = self.finished - self.arrival
+        ttft = self.first_token - self.arrival
+        with np.errstate(invalid="ignore", divide="ignore"):
+            tpot = np.where(self.output > 1, (e2e - ttft) / np.maximum(self.output - 1, 1), 0.0)
+        return done & (ttft <= b[:, 0]) & (tpot <= b[:, 1]) & (e2e <= b[:, 2])
+
+
 @dataclass(slots=True)
 class IntervalCounts:
     """One tenant's counts over one decision interval (``Simulation.take_interval_totals``)."""
@@ -226,6 +258,10 @@ class Simulation:
     def requests(self) -> list[Request]:
         """This episode's requests in arrival order; a run fills in their timestamps (``finished`` ...)."""
         return self._requests
+
+    def request_columns(self) -> RequestColumns:
+        """This episode's requests as columns in arrival order (``requests`` without the objects)."""
+        return RequestColumns.of(self._requests)
 
     def apply_deltas(self, deltas: Sequence[int]) -> list[int]:
         """Add per-tenant deltas to the limits, clamped to [min, max] (``Limits.apply``); returns the new limits."""

@@ -18,11 +18,12 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 from admit.agents.registry import make_controller
+from admit.envs.contracts import contract_json
 from admit.envs.rollout import Episode, rollout
 from admit.envs.scenario import Scenario, load_scenario
 from scipy import stats
@@ -70,6 +71,11 @@ TENANT_METRICS = (
     "completed",
     "good",
 )
+# Where tenants have contracts (envs/contracts.py), these too, overall and per tenant with one.
+CONTRACT_METRICS = ("contracts_met", "contract_shortfall", "contracts")
+TENANT_CONTRACT_METRICS = ("contract_attainment", "contract_met", "contract_shortfall", "contract_arrived",
+                           "contract_good")
+
 
 def run_policy(scenario: Scenario, policy: str, seed: int) -> Episode:
     """One episode of the policy named ``policy`` on ``seed`` (admit.envs.rollout.rollout, the function the
@@ -120,6 +126,7 @@ class Evaluation:
     horizon_s: float | None = None
     metrics: Sequence[str] = METRICS  # a live protocol measures a subset (admit.live.protocol)
     tenant_metrics: Sequence[str] = TENANT_METRICS
+    contracts: dict[str, dict] = field(default_factory=dict)  # per tenant with one: its contract as given
 
     def to_json(self) -> dict:
         """Per policy: every metric of `METRICS` summarized over seeds with its values and its paired p-value vs
@@ -138,18 +145,23 @@ class Evaluation:
         for p in self.policies:
             runs = self.per_seed[p]
             base = None if p == first else self.per_seed[first]
-            entry = _block(runs, base, self.metrics)
+            entry = _block(runs, base, _present(self.metrics, CONTRACT_METRICS, runs))
             tenants = list(runs[0]["tenants"]) if runs else []
-            entry["tenants"] = {
-                t: _block(
-                    [r["tenants"][t] for r in runs],
-                    None if base is None else [r["tenants"][t] for r in base],
-                    self.tenant_metrics,
-                )
-                for t in tenants
-            }
+            entry["tenants"] = {}
+            for t in tenants:
+                mine = [r["tenants"][t] for r in runs]
+                entry["tenants"][t] = _block(mine, None if base is None else [r["tenants"][t] for r in base],
+                                             _present(self.tenant_metrics, TENANT_CONTRACT_METRICS, mine))
+                if t in self.contracts:
+                    entry["tenants"][t]["contract"] = self.contracts[t]
             out["policies"][p] = entry
         return out
+
+
+def _present(always: Sequence[str], optional: Sequence[str], runs: Sequence[dict]) -> tuple[str, ...]:
+    """``always``, then those of ``optional`` that the runs measured (the contract figures, where there are
+    contracts)."""
+    return (*always, *(m for m in optional if runs and m in runs[0]))
 
 
 def p_values_vs(data: dict, base: str, metrics: Sequence[str] = METRICS) -> dict[str, dict[str, float]]:
@@ -210,7 +222,7 @@ def evaluate(
             if progress:
                 progress(i + 1, len(jobs))
     per_seed = {p: results[k * seeds : (k + 1) * seeds] for k, p in enumerate(policies)}
-    return Evaluation(sc.name, seed_list, list(policies), per_seed, sc.horizon_s)
+    return Evaluation(sc.name, seed_list, list(policies), per_seed, sc.horizon_s, contracts=contract_json(sc))
 
 
 def write_json(ev: Evaluation, path: str | Path) -> dict:

@@ -1,0 +1,95 @@
+"""Contracts in the simulated world (envs/contracts.py, the scenario's ``contract:``): feasibility checked when
+the scenario loads, the same requests in contract under every policy, the figures alike in both worlds and
+consistent with the episode's own count of good requests, and carried into an evaluation's JSON."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import pytest
+from admit.agents.registry import make_controller
+from admit.envs.compiled import make_simulation
+from admit.envs.contracts import episode_contracts
+from admit.envs.family import contract_loads, tenant_capacity_rps
+from admit.envs.rollout import rollout
+from admit.envs.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+from admit.evaluate.offline import evaluate
+
+
+def with_contracts(name: str, contracts: dict[str, dict[str, Any]], **top: Any) -> Scenario:
+    data = load_scenario(name).model_dump(exclude_none=True)
+    for t in data["tenants"]:
+        if t["name"] in contracts:
+            t["contract"] = contracts[t["name"]]
+    return parse_scenario({**data, **top}, f"{name} with contracts")
+
+
+CHAT = {"requests_per_s": 1.5, "burst": 5, "attainment": 0.95}
+AGENT = {"tokens_per_s": 6000, "burst": 20000, "attainment": 0.9}
+
+
+def test_contracts_that_overfill_the_engine_are_refused_with_the_figures() -> None:
+    sc = load_scenario("long-context-chat")
+    cap = tenant_capacity_rps(sc, 0)
+    with pytest.raises(ScenarioError, match=r"the contracts ask for 1\.\d\d of the engine's estimated capacity "
+                                            r"\(long-context 0\.90, chat 0\.\d\d\); together they must be at most"):
+        with_contracts("long-context-chat", {"long-context": {"requests_per_s": 0.9 * cap, "burst": 1,
+                                                              "attainment": 0.9},
+                                             "chat": {"requests_per_s": 10, "burst": 10, "attainment": 0.9}})
+
+
+def test_a_feasible_set_loads_and_reports_each_load() -> None:
+    sc = with_contracts("h200-live-small", {"chat": CHAT, "agent": AGENT})
+    loads = contract_loads(sc)
+    assert all(x is not None and 0 < x < 1 for x in loads) and sum(x or 0 for x in loads) <= 1
+    assert sc.tenants[1].contract is not None and sc.tenants[1].contract.unit == "tokens"
+
+
+def test_the_same_requests_are_in_contract_under_every_policy_and_the_good_ones_differ() -> None:
+    sc = with_contracts("h200-live-small", {"chat": CHAT, "agent": AGENT})
+    a = rollout(sc, make_controller("static:1"), 3)
+    b = rollout(sc, make_controller("static:16"), 3)
+    for t in ("chat", "agent"):
+        assert a["tenants"][t]["contract_arrived"] == b["tenants"][t]["contract_arrived"] > 0
+        assert a["tenants"][t]["contract_arrived"] <= a["tenants"][t]["arrived"]
+    # one slot per tenant starves the agent's bursts; sixteen serve them
+    assert a["tenants"]["agent"]["contract_good"] < b["tenants"]["agent"]["contract_good"]
+    assert a["contracts"] == 2 and a["contracts_met"] <= b["contracts_met"]
+    assert a["contract_shortfall"] == sum(a["tenants"][t]["contract_shortfall"] for t in ("chat", "agent"))
+
+
+@pytest.mark.parametrize("policy", ["static:2", "aimd"])
+def test_both_worlds_give_the_same_figures_and_the_episodes_own_good_count(policy: str) -> None:
+    """The figures are read after the run from the world's request columns; their good requests, summed over
+    every request of a tenant, are the episode's own count, and the compiled world gives the Python one's."""
+    sc = with_contracts("h200-live-small", {"chat": CHAT, "agent": AGENT})
+    got = {}
+    for world in ("python", "compiled"):
+        sim = make_simulation(sc, 5, world=world)
+        ctrl = make_controller(policy, sc)
+        ctrl.reset(sc.control_spec(), 5)
+        sim.run(ctrl)
+        cols = sim.request_columns()
+        good = cols.good([t.request_bounds for t in sc.control_spec().tenants])
+        for k, tot in enumerate(sim.totals):
+            assert int(good[cols.tenant == k].sum()) == tot.good
+        got[world] = episode_contracts(sc, cols)
+    assert got["python"] == got["compiled"]
+    assert np.isfinite(list(got["python"][1].values())).all()
+
+
+def test_an_evaluation_carries_the_contracts_and_their_figures() -> None:
+    sc = with_contracts("h200-live-small", {"chat": CHAT})
+    data = evaluate(sc, ["static:best", "static:1"], seeds=3).to_json()
+    p = data["policies"]["static:1"]
+    assert set(p["contracts_met"]) >= {"mean", "ci95", "values"} and len(p["contract_shortfall"]["values"]) == 3
+    chat, agent = p["tenants"]["chat"], p["tenants"]["agent"]
+    assert chat["contract"] == CHAT and "contract_attainment" in chat["p_value_vs_first"]
+    assert 0 <= chat["contract_attainment"]["mean"] <= 1 and len(chat["contract_met"]["values"]) == 3
+    assert "contract" not in agent and "contract_attainment" not in agent  # no contract, no figures
+
+
+def test_a_scenario_without_contracts_has_no_contract_figures() -> None:
+    ep = rollout(load_scenario("h200-live-small"), make_controller("static"), 0)
+    assert "contracts_met" not in ep and not any(k.startswith("contract") for k in ep["tenants"]["chat"])
