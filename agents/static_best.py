@@ -9,11 +9,11 @@ controller that deploys them, as agents/sb3_policy.py loads what ``admit train``
 tuned for the scenario being evaluated, found by the scenario's fingerprint (`fingerprint`: a hash of its
 parsed content, without the name, the description and the reward weights, which change nothing in an
 episode) in a tuning store: the JSON files ``admit search-static`` writes. It looks in the shipped store
-(agents/pretrained/static-best/*.json, beside the other shipped policies, tuned on `TUNING_SEEDS`) and then in
+(agents/pretrained/static-best/*.json, beside the other shipped policies, tuned on `SEARCH_SEEDS`) and then in
 the cache (`cache_dir`: ``$ADMIT_CACHE_DIR``, else ``$XDG_CACHE_HOME/admit``, else ``~/.cache/admit``; its
 static_best/ folder). Where neither holds caps for this fingerprint — a scenario of one's own, a family
 instance, or a bundled scenario that changed since its caps were shipped (stale) — it says so on stderr,
-tunes on `TUNING_SEEDS` there and then and caches the result. The tuning seeds are 900000..900004: ``admit
+tunes on `SEARCH_SEEDS` there and then and caches the result. The tuning seeds are 900000..900004: ``admit
 evaluate``'s seeds 0..N-1, the training env's validation seeds (500000 + j) and its episode seeds
 (1000000 + ...) never reach them, and `BestStatic.reset` refuses an evaluation seed its caps were tuned on.
 
@@ -39,20 +39,20 @@ from admit.controllers.static import StaticController
 from admit.core.spec import ControlSpec
 from admit.envs.scenario import Scenario, bundled_scenarios, load_scenario
 from admit.train.static_search import (
+    SEARCH_SEEDS,
     STORE_FORMAT,
-    TUNING_SEEDS,
     Caps,
     fingerprint,
     format_seeds,
+    search_static,
     static_policy,
-    tune_static,
     write_store,
 )
 
 
 # ---------------------------------------------------------------------------------------------- stores
 def shipped_dir() -> Path:
-    """agents/pretrained/static-best/: the tunings that ship with admit (``admit tune-static --out`` there)."""
+    """agents/pretrained/static-best/: the tunings that ship with admit (``admit search-static --out`` there)."""
     return Path(str(resources.files("admit.agents").joinpath("pretrained").joinpath("static-best")))
 
 
@@ -141,7 +141,7 @@ def tuned_caps(
     scenario: Scenario, *, workers: int | None = None, log: Callable[[str], None] | None = None
 ) -> TunedCaps:
     """The stored tuning of ``scenario`` (by fingerprint, shipped then cached); where none is, tune on
-    `TUNING_SEEDS` now, say so, and cache it. Remembered per process."""
+    `SEARCH_SEEDS` now, say so, and cache it. Remembered per process."""
     say = log or to_stderr
     fp = fingerprint(scenario)
     key = (fp, str(shipped_dir()), str(cache_dir()))
@@ -162,19 +162,19 @@ def tuned_caps(
             if old
             else f"no tuned caps for {scenario.name!r} (fingerprint {fp[:12]}) in {shipped_dir()} or {cache_dir()}"
         )
-        w = workers if workers is not None else int(os.environ.get("ADMIT_TUNE_WORKERS", min(4, os.cpu_count() or 1)))
+        w = workers if workers is not None else int(os.environ.get("ADMIT_SEARCH_WORKERS", min(4, os.cpu_count() or 1)))
         path = cache_path(scenario)
-        say(f"static:best: {why}; tuning now on seeds {format_seeds(TUNING_SEEDS)} with {w} worker(s), into {path}")
-        tuning = tune_static(scenario, TUNING_SEEDS, w)
+        say(f"static:best: {why}; searching now on seeds {format_seeds(SEARCH_SEEDS)} with {w} worker(s), into {path}")
+        result = search_static(scenario, SEARCH_SEEDS, w)
         cmd = (
-            f"(on the fly, static:best) admit search-static --scenario {tuning.source} --seeds "
-            f"{format_seeds(TUNING_SEEDS)} --workers {w}"
+            f"(on the fly, static:best) admit search-static --scenario {result.source} --seeds "
+            f"{format_seeds(SEARCH_SEEDS)} --workers {w}"
         )
-        write_store(tuning.to_json(cmd), path)
+        write_store(result.to_json(cmd), path)
         found = TunedCaps.load(path)
         say(
             f"static:best: {scenario.name}: caps {static_policy(found.caps)[len('static:') :]} "
-            f"(goodput {found.goodput_rps:.3f} req/s on the tuning seeds) after {tuning.wall_s:.0f} s"
+            f"(goodput {found.goodput_rps:.3f} req/s on the tuning seeds) after {result.wall_s:.0f} s"
         )
     _RESOLVED[key] = found
     return found

@@ -1,12 +1,12 @@
 """Benchmark: PPO env steps/s on a scenario family, a recipe at a time, with the rollout and the update split.
 
 Each measurement is a fresh process that builds the training envs and the model exactly as ``admit train``
-does (the anchors' caps tuned or found first where the tree has ``tune_anchors``, untimed; ``make_vec_env``,
-``build_model``, the episode-metrics callback, ``torch_threads`` and, where the tree and recipe have it,
-``update_threads``), runs one warm-up rollout and update (worker start-up, torch's lazy set-up), then times
-``--steps`` env steps: the wall clock, the part spent collecting rollouts (envs and the policy's forward
-passes) and the part spent in PPO's update. No evaluations or checkpoints (``admit train``
-adds those; the recipe's own wall time is in its run's summary.json).
+does (the anchors' caps searched or found first where the tree has ``search_anchors``, ``tune_anchors`` in
+older trees, untimed; ``make_vec_env``, ``build_model``, the episode-metrics callback, ``torch_threads`` and,
+where the tree and recipe have it, ``update_threads``), runs one warm-up rollout and update (worker start-up,
+torch's lazy set-up), then times ``--steps`` env steps: the wall clock, the part spent collecting rollouts
+(envs and the policy's forward passes) and the part spent in PPO's update. No evaluations or checkpoints
+(``admit train`` adds those; the recipe's own wall time is in its run's summary.json).
 
 ``--recipe LABEL=CONFIG[:KEY=VALUE,...]`` names a training config and ``--set`` overrides (dotted keys, YAML
 values), run in this tree; ``--before REV --before-recipe LABEL=CONFIG[:...]`` runs a recipe in the code of
@@ -74,8 +74,10 @@ def child(config: str, sets: list[str], steps: int) -> dict[str, Any]:
 
     from admit.train import trainer
 
-    if hasattr(trainer, "tune_anchors"):  # an anchored recipe's caps, tuned (or found) before the envs, untimed
-        trainer.tune_anchors(cfg, None)
+    # an anchored recipe's caps, searched (or found) before the envs, untimed; older trees name it tune_anchors
+    search_anchors = getattr(trainer, "search_anchors", None) or getattr(trainer, "tune_anchors", None)
+    if search_anchors is not None:
+        search_anchors(cfg, None)
     venv = make_vec_env(cfg, None)
     try:
         model = build_model(cfg, venv, None)

@@ -73,7 +73,7 @@ def train(
                    f"accuracy {r['accuracy']:.3f}")
     if summary["imitation"]:
         typer.echo(f"imitated static:best's caps in {summary['imitation_s']:.1f} s "
-                   f"(tuning {summary['caps_tuning_s']:.1f} s)")
+                   f"(their search {summary['caps_tuning_s']:.1f} s)")
     if summary["timesteps"] > 0:
         typer.echo(
             f"trained {summary['algo']} on {summary['scenario']}: {summary['timesteps']} steps in "
@@ -144,7 +144,7 @@ def search_static(
     from admit.agents.static_best import cache_path
     from admit.envs.scenario import ScenarioError, load_scenario
     from admit.train.static_search import format_seeds, parse_seeds, write_store
-    from admit.train.static_search import tune_static as search
+    from admit.train.static_search import search_static as search
     from rich.progress import Progress
 
     try:

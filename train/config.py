@@ -121,8 +121,8 @@ class FamilyPool(StrictModel):
 
     train: int = Field(ge=1, le=1000)
     validation: int = Field(ge=1, le=1000)
-    tune_seeds: int = Field(default=5, ge=1, le=5, description="anchored: the anchors' tuning seeds, the first k of "
-                            "static:best's 5 (fewer is cheaper; below 5 they are cached apart, never deployed)")
+    search_seeds: int = Field(default=5, ge=1, le=5, description="anchored: the anchors' tuning seeds, the first k "
+                              "of static:best's 5 (fewer is cheaper; below 5 they are cached apart, never deployed)")
 
 
 class ImitationConfig(StrictModel):
@@ -136,8 +136,8 @@ class ImitationConfig(StrictModel):
     epochs: int = Field(default=8, ge=1, le=1000, description="passes over all data after each round")
     learning_rate: float = Field(default=1e-3, gt=0)
     batch_size: int = Field(default=512, ge=1)
-    tune_seeds: int = Field(default=5, ge=1, le=5, description="the targets' tuning seeds: the first k of "
-                            "static:best's 5 (fewer is cheaper; below 5 they are cached apart, never deployed)")
+    search_seeds: int = Field(default=5, ge=1, le=5, description="the targets' tuning seeds: the first k of "
+                              "static:best's 5 (fewer is cheaper; below 5 they are cached apart, never deployed)")
 
 
 class PairedReward(StrictModel):

@@ -65,7 +65,7 @@ class Dataset:
 
 
 def collect(env: SetEnv, act: Callable[[np.ndarray], np.ndarray] | None, episodes: int, noise: float,
-            rng: np.random.Generator, first_seed: int, tune_seeds: int = 5) -> Dataset:
+            rng: np.random.Generator, first_seed: int, search_seeds: int = 5) -> Dataset:
     """``episodes`` episodes of ``env`` (seeds ``first_seed + j``) driven by ``act`` (None: the expert), a share
     ``noise`` of each tenant's choices replaced by random ones; every state labelled with the expert's choice."""
     xs: list[np.ndarray] = []
@@ -75,7 +75,7 @@ def collect(env: SetEnv, act: Callable[[np.ndarray], np.ndarray] | None, episode
         obs, _ = env.reset(seed=first_seed + j)
         inner = env.inner
         assert inner is not None and inner.sim is not None
-        caps = anchors_for(inner.scenario, tune_seeds)
+        caps = anchors_for(inner.scenario, search_seeds)
         n = len(caps)
         done = False
         while not done:
@@ -124,8 +124,8 @@ def fit(policy: Any, data: Dataset, epochs: int, lr: float, batch: int,
 
 def imitate(policy: Any, env: SetEnv, *, rounds: int, episodes: int, noise: float,
             dagger_episodes: int, dagger_noise: float, epochs: int, lr: float, batch: int, seed: int,
-            log: Callable[[str], None] | None = None, tune_seeds: int = 5) -> list[dict[str, float]]:
-    """DAgger on ``env`` (see the module docstring; the expert's caps tuned on the first ``tune_seeds`` of
+            log: Callable[[str], None] | None = None, search_seeds: int = 5) -> list[dict[str, float]]:
+    """DAgger on ``env`` (see the module docstring; the expert's caps tuned on the first ``search_seeds`` of
     static:best's seeds); returns each round's samples, loss and accuracy."""
     rng = np.random.default_rng([seed, 0xDA6])
     gen = torch.Generator().manual_seed(seed)
@@ -136,12 +136,12 @@ def imitate(policy: Any, env: SetEnv, *, rounds: int, episodes: int, noise: floa
             return get(torch.as_tensor(obs[None])).mode()[0].numpy()
 
     history = []
-    data = collect(env, None, episodes, noise, rng, SEED_BASE + 10_000 * seed, tune_seeds)
+    data = collect(env, None, episodes, noise, rng, SEED_BASE + 10_000 * seed, search_seeds)
     for r in range(rounds):
         if r > 0:
             data = data.extend(
                 collect(env, act, dagger_episodes, dagger_noise, rng, SEED_BASE + 10_000 * seed + 1_000 * r,
-                        tune_seeds))
+                        search_seeds))
         loss, acc = fit(policy, data, epochs, lr, batch, gen)
         history.append({"round": r, "samples": len(data), "loss": loss, "accuracy": acc})
         if log is not None:

@@ -1,6 +1,6 @@
 """``admit search-static``: the search for per-tenant static caps with the most goodput, and its simulator objective.
 
-``tune_static`` searches a scenario's caps by **coordinate descent** on the per-tenant caps over a log grid
+``search_static`` searches a scenario's caps by **coordinate descent** on the per-tenant caps over a log grid
 per tenant ({min, 1, 2, 4, ..., max} ∪ {initial}, clipped to the scenario's bounds). A sweep tries values of
 one tenant's cap while the others stay put, tenant after tenant: in the first round every value of the grid,
 in later rounds (the others have moved, not far) the ``window`` values on either side of the current one. It
@@ -22,7 +22,7 @@ than ``race_margin`` (2%) below the leader's is dropped (recorded as pruned, nev
 0`` runs every candidate on every seed). Under common random numbers the seeds rank caps alike, so racing
 ends at the caps of the unraced search with fewer episodes (docs/controllers.md).
 
-The result is a tuning store (`Tuning.to_json`, written by `write_store`; `fingerprint` names the scenario it
+The result is a tuning store (`SearchResult.to_json`, written by `write_store`; `fingerprint` names the scenario it
 was tuned on) that admit.agents.static_best reads: static:best deploys it. train/worlds.py's ``pool_caps``
 runs the same search for training targets (an anchored policy's anchors, imitation's expert).
 
@@ -75,7 +75,7 @@ KEPT_METRICS = (
 )
 
 
-TUNING_SEEDS: tuple[int, ...] = tuple(range(900_000, 900_005))
+SEARCH_SEEDS: tuple[int, ...] = tuple(range(900_000, 900_005))
 """The seeds static:best's caps are tuned on: ``admit evaluate``'s seeds 0..N-1, the training env's validation
 seeds (500000 + j) and its episode seeds (1000000 + ...) never reach them."""
 STORE_FORMAT = 1
@@ -427,9 +427,9 @@ class SimObjective:
         return [self.mean(p) if self.complete(p) else -math.inf for p in points]
 
 
-# ---------------------------------------------------------------------------------------------- tune_static
+# ---------------------------------------------------------------------------------------------- search_static
 @dataclass
-class Tuning:
+class SearchResult:
     """A finished search: the caps, how they were found, and every episode it ran."""
 
     scenario: Scenario
@@ -533,9 +533,9 @@ def describe_sweep(w: Sweep, names: Sequence[str]) -> str:
     return f"{w.stage} round {w.round} · {names[w.tenant]}: {move}  goodput {w.scores[w.end[w.tenant]]:.3f}  [{cands}]"
 
 
-def tune_static(
+def search_static(
     scenario: str | Path | Scenario,
-    seeds: Sequence[int] = TUNING_SEEDS,
+    seeds: Sequence[int] = SEARCH_SEEDS,
     workers: int = 1,
     *,
     refine: bool = True,
@@ -546,8 +546,8 @@ def tune_static(
     measure_ramp: bool = True,
     progress: Callable[[int], None] | None = None,
     log: Callable[[str], None] | None = None,
-) -> Tuning:
-    """Tune per-tenant static caps on ``seeds`` for the most mean goodput (the module's docstring: the grid,
+) -> SearchResult:
+    """Search per-tenant static caps on ``seeds`` for the most mean goodput (the module's docstring: the grid,
     the descent, the tie-break, the racing). Starts at the scenario's ``initial`` caps (plain ``static``)."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     source = sc.name if isinstance(scenario, Scenario) else _source(scenario)
@@ -598,7 +598,7 @@ def tune_static(
     finally:
         if pool is not None:
             pool.shutdown()
-    return Tuning(sc, source, seeds, start, best, descents, ob, time.perf_counter() - t0, workers, grids, ramp)
+    return SearchResult(sc, source, seeds, start, best, descents, ob, time.perf_counter() - t0, workers, grids, ramp)
 
 
 def _ramp(sc: Scenario, caps: Caps, seeds: Sequence[int], pool: Executor | None, ob: SimObjective) -> dict[str, float]:

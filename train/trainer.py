@@ -46,7 +46,7 @@ from admit.train.callbacks import (
 from admit.train.config import TrainConfig, write_config
 from admit.train.imitation import imitate
 from admit.train.vec import BlockVecEnv
-from admit.train.worlds import Paired, SetEnv, Split, Worlds, tune_pool, with_reward
+from admit.train.worlds import Paired, SetEnv, Split, Worlds, search_pool, with_reward
 from admit.train.wrappers import MakeEnv, MakeSetEnv, train_episode_seed_base
 from stable_baselines3 import A2C, DQN, PPO, SAC
 from stable_baselines3.common.base_class import BaseAlgorithm
@@ -74,8 +74,8 @@ def worlds_of(cfg: TrainConfig, scenario: Scenario | None, split: Split) -> Worl
     if cfg.family is not None:
         pool = None if cfg.family_pool is None else getattr(cfg.family_pool, split)
         family = cfg.family if isinstance(cfg.family, str) else tuple(cfg.family)
-        k = 5 if cfg.family_pool is None or not anchored else cfg.family_pool.tune_seeds
-        return Worlds(family=family, split=split, reward=weights, anchored=anchored, pool=pool, tune_seeds=k)
+        k = 5 if cfg.family_pool is None or not anchored else cfg.family_pool.search_seeds
+        return Worlds(family=family, split=split, reward=weights, anchored=anchored, pool=pool, search_seeds=k)
     assert scenario is not None
     return Worlds(scenario=scenario, anchored=anchored)  # training_scenario already holds the reward override
 
@@ -165,8 +165,8 @@ def training_scenario(cfg: TrainConfig) -> Scenario:
     return with_reward(load_scenario(cfg.scenario), cfg.reward.weights() if cfg.reward is not None else None)
 
 
-def tune_anchors(cfg: TrainConfig, scenario: Scenario | None) -> float:
-    """Tune (or find in the cache) the caps of every instance an anchored or imitating run draws, before its
+def search_anchors(cfg: TrainConfig, scenario: Scenario | None) -> float:
+    """Search (or find in the cache) the caps of every instance an anchored or imitating run draws, before its
     envs start, so the env worker processes read them from the cache; returns the seconds it took (0 when
     the run needs no caps)."""
     if cfg.policy.anchor != "tuned" and cfg.imitation is None:
@@ -174,11 +174,11 @@ def tune_anchors(cfg: TrainConfig, scenario: Scenario | None) -> float:
     t0 = time.perf_counter()
     both = cfg.eval.freq > 0 and cfg.policy.anchor == "tuned"  # imitation: the train instances only
     if cfg.imitation is not None and not both:
-        k = cfg.imitation.tune_seeds
-    else:  # anchored: static:best's own seeds, or the first family_pool.tune_seeds of them
-        k = cfg.family_pool.tune_seeds if cfg.family_pool is not None else 5
+        k = cfg.imitation.search_seeds
+    else:  # anchored: static:best's own seeds, or the first family_pool.search_seeds of them
+        k = cfg.family_pool.search_seeds if cfg.family_pool is not None else 5
     for split in ("train", "validation") if both else ("train",):
-        tune_pool(worlds_of(cfg, scenario, split), workers=max(1, min(2, os.cpu_count() or 1)), tune_seeds=k)
+        search_pool(worlds_of(cfg, scenario, split), workers=max(1, min(2, os.cpu_count() or 1)), search_seeds=k)
     return time.perf_counter() - t0
 
 
@@ -194,7 +194,7 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
     if scenario is not None:
         (out / "scenario.yaml").write_text(yaml.safe_dump(scenario.model_dump(mode="json"), sort_keys=False))
 
-    tuning_s = tune_anchors(cfg, scenario)
+    search_s = search_anchors(cfg, scenario)
     venv = make_vec_env(cfg, scenario)
     model = build_model(cfg, venv, out / "tb")
     imitation: list[dict[str, float]] = []
@@ -206,7 +206,7 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
                             rounds=im.rounds, episodes=im.episodes, noise=im.noise, dagger_episodes=im.dagger_episodes,
                             dagger_noise=im.dagger_noise, epochs=im.epochs, lr=im.learning_rate,
                             batch=im.batch_size, seed=cfg.seed, log=print if progress else None,
-                            tune_seeds=im.tune_seeds)
+                            search_seeds=im.search_seeds)
         imitation_s = time.perf_counter() - t0
     callbacks: list[BaseCallback] = [EpisodeMetricsLogger()]
     if cfg.update_threads is not None and cfg.update_threads != cfg.torch_threads:
@@ -256,7 +256,7 @@ def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str,
         "scenario": scenario.name if scenario is not None else worlds_of(cfg, None, "train").describe(),
         "timesteps": int(model.num_timesteps),
         "wall_s": wall,
-        "caps_tuning_s": tuning_s,
+        "caps_tuning_s": search_s,  # summary.json's name for the caps search's seconds, as the shipped runs have it
         "imitation_s": imitation_s,
         "imitation": imitation,
         "env_steps_per_s": model.num_timesteps / wall if wall > 0 and model.num_timesteps else None,

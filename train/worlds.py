@@ -18,8 +18,8 @@ for an instance of 5 req/s and one of 80 req/s. Every term of ``info["reward_ter
 **Anchored** (``Worlds(anchored=True)``, the config's ``policy.anchor: tuned``): each episode's instance
 comes with its static:best caps (admit.agents.static_best.tuned_caps: tuned on the tuning seeds 900000..900004,
 which no training episode uses), the env's vector carries them and its action is set_codec's anchored one.
-Tuning every instance of a 10,000-seed range is out of reach, so an anchored family run draws from a
-``pool``: the first ``pool`` seeds of the split, tuned once before training (`tune_pool`, cached like any
+Searching the caps of every instance of a 10,000-seed range is out of reach, so an anchored family run draws from a
+``pool``: the first ``pool`` seeds of the split, searched once before training (`search_pool`, cached like any
 static:best tuning). ``pool_caps`` are these training targets: static:best's own caps on its 5 tuning seeds, or
 the same search on fewer of them, cached apart.
 """
@@ -43,7 +43,7 @@ from admit.core.observation import FEATURE_MAX
 from admit.envs.env import TenantAdmissionEnv
 from admit.envs.family import load_family, mean_rate, sample_scenario
 from admit.envs.scenario import Scenario
-from admit.train.static_search import TUNING_SEEDS, fingerprint, format_seeds, tune_static, write_store
+from admit.train.static_search import SEARCH_SEEDS, fingerprint, format_seeds, search_static, write_store
 
 Split = Literal["train", "validation", "test"]
 
@@ -78,12 +78,12 @@ class Worlds:
     reward: dict[str, Any] | None = field(default=None, hash=False, compare=False)
     anchored: bool = False
     pool: int | None = None
-    tune_seeds: int = 5  # anchored: the anchors' tuning seeds, the first k of static:best's 5 (`anchors_for`)
+    search_seeds: int = 5  # anchored: the anchors' tuning seeds, the first k of static:best's 5 (`anchors_for`)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.tune_seeds <= 5:
-            raise ValueError(f"tune_seeds must be 1..5 (the first k of static:best's tuning seeds), got "
-                             f"{self.tune_seeds}")
+        if not 1 <= self.search_seeds <= 5:
+            raise ValueError(f"search_seeds must be 1..5 (the first k of static:best's tuning seeds), got "
+                             f"{self.search_seeds}")
         if isinstance(self.family, str):
             object.__setattr__(self, "family", tuple(self.family.split("+")))
         if (self.scenario is None) == (self.family is None):
@@ -143,7 +143,7 @@ class Worlds:
 
 
 def pool_path(scenario: Scenario, seeds: Sequence[int]) -> Path:
-    """Where `pool_caps` keeps a tuning on seeds other than `TUNING_SEEDS`: pool_caps/ beside the cache's
+    """Where `pool_caps` keeps a tuning on seeds other than `SEARCH_SEEDS`: pool_caps/ beside the cache's
     static_best/, so that no static:best lookup (which reads static_best/ only) ever finds it."""
     safe = re.sub(r"[^A-Za-z0-9._@-]+", "_", scenario.name) or "scenario"
     return cache_dir().parent / "pool_caps" / f"{safe}-{fingerprint(scenario)[:16]}-s{format_seeds(seeds)}.json"
@@ -151,21 +151,21 @@ def pool_path(scenario: Scenario, seeds: Sequence[int]) -> Path:
 
 def pool_caps(
     scenario: Scenario,
-    seeds: Sequence[int] = TUNING_SEEDS,
+    seeds: Sequence[int] = SEARCH_SEEDS,
     *,
     workers: int | None = None,
     log: Callable[[str], None] | None = None,
 ) -> TunedCaps:
-    """Tuned caps used as *training targets* (imitation's expert). On `TUNING_SEEDS` these are static:best's own
+    """Tuned caps used as *training targets* (imitation's expert). On `SEARCH_SEEDS` these are static:best's own
     (`tuned_caps`). On fewer seeds (``seeds`` must be a non-empty prefix of them) the search is the same but
     cheaper — 2 seeds instead of 5 and no ramp measurement (what that saves and what it costs in goodput:
     docs/training.md, "cheaper targets") — and the result is cached apart (`pool_path`), never deployed as
     static:best."""
     seeds = tuple(int(s) for s in seeds)
-    if seeds == TUNING_SEEDS:
+    if seeds == SEARCH_SEEDS:
         return tuned_caps(scenario, workers=workers, log=log)
-    if not seeds or seeds != TUNING_SEEDS[: len(seeds)]:
-        raise ValueError(f"pool tuning seeds must be a non-empty prefix of {format_seeds(TUNING_SEEDS)}, got "
+    if not seeds or seeds != SEARCH_SEEDS[: len(seeds)]:
+        raise ValueError(f"pool tuning seeds must be a non-empty prefix of {format_seeds(SEARCH_SEEDS)}, got "
                          f"{format_seeds(seeds) if seeds else 'none'}")
     key = (fingerprint(scenario), format_seeds(seeds), str(cache_dir()))
     if key in _POOL:
@@ -175,12 +175,12 @@ def pool_caps(
     if path.exists():
         try:
             found = TunedCaps.load(path)
-        except ValueError as e:  # a damaged file is tuned again and replaced, and said so
-            (log or to_stderr)(f"pool caps: {e}; tuning again")
+        except ValueError as e:  # a damaged file is searched again and replaced, and said so
+            (log or to_stderr)(f"pool caps: {e}; searching again")
     if found is None or found.fingerprint != fingerprint(scenario) or found.seeds != seeds:
-        w = workers if workers is not None else int(os.environ.get("ADMIT_TUNE_WORKERS", min(4, os.cpu_count() or 1)))
-        tuning = tune_static(scenario, seeds, w, measure_ramp=False)
-        write_store(tuning.to_json(f"(pool caps, training targets) tune_static on seeds {format_seeds(seeds)}, "
+        w = workers if workers is not None else int(os.environ.get("ADMIT_SEARCH_WORKERS", min(4, os.cpu_count() or 1)))
+        result = search_static(scenario, seeds, w, measure_ramp=False)
+        write_store(result.to_json(f"(pool caps, training targets) search_static on seeds {format_seeds(seeds)}, "
                                    "measure_ramp=False"), path)
         found = TunedCaps.load(path)
     _POOL[key] = found
@@ -190,21 +190,21 @@ def pool_caps(
 _POOL: dict[tuple[str, str, str], TunedCaps] = {}
 
 
-def anchors_for(scenario: Scenario, tune_seeds: int = 5) -> list[int]:
-    """static:best's caps for ``scenario`` (tuned now and cached when no store has them); with ``tune_seeds``
-    below 5, the same search on the first ``tune_seeds`` of its seeds (`pool_caps`)."""
+def anchors_for(scenario: Scenario, search_seeds: int = 5) -> list[int]:
+    """static:best's caps for ``scenario`` (tuned now and cached when no store has them); with ``search_seeds``
+    below 5, the same search on the first ``search_seeds`` of its seeds (`pool_caps`)."""
     import multiprocessing
 
     # an env in a vector env's worker (a daemonic process, which may not start a pool of its own) tunes an
-    # instance nobody tuned before in this process; `tune_pool` ahead of the envs avoids that
+    # instance nobody tuned before in this process; `search_pool` ahead of the envs avoids that
     workers = 1 if multiprocessing.current_process().daemon else None
-    return list(pool_caps(scenario, TUNING_SEEDS[:tune_seeds], workers=workers).caps)
+    return list(pool_caps(scenario, SEARCH_SEEDS[:search_seeds], workers=workers).caps)
 
 
-def tune_pool(worlds: Worlds, workers: int, log: Any = None, tune_seeds: int = 5) -> dict[str, list[int]]:
-    """Tune (or find) the caps for every instance ``worlds`` can draw (`anchors_for`), before the envs start,
-    so worker processes find them in the cache instead of each tuning the same instance."""
-    seeds = TUNING_SEEDS[:tune_seeds]
+def search_pool(worlds: Worlds, workers: int, log: Any = None, search_seeds: int = 5) -> dict[str, list[int]]:
+    """Search (or find) the caps for every instance ``worlds`` can draw (`anchors_for`), before the envs start,
+    so worker processes find them in the cache instead of each searching the same instance."""
+    seeds = SEARCH_SEEDS[:search_seeds]
     scenarios = ([worlds.scenario] if worlds.scenario is not None else
                  [worlds.instance(s, fam) for fam in worlds.families for s in worlds.family_seeds(fam)])
     if workers > 1 and len(scenarios) > 1:
@@ -214,11 +214,11 @@ def tune_pool(worlds: Worlds, workers: int, log: Any = None, tune_seeds: int = 5
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(workers) as pool:
-            list(pool.map(_tune_one, [(sc, seeds) for sc in scenarios]))
+            list(pool.map(_search_one, [(sc, seeds) for sc in scenarios]))
     return {sc.name: list(pool_caps(sc, seeds, workers=workers, log=log).caps) for sc in scenarios}
 
 
-def _tune_one(args: tuple[Scenario, tuple[int, ...]]) -> None:
+def _search_one(args: tuple[Scenario, tuple[int, ...]]) -> None:
     pool_caps(args[0], args[1], workers=1)
 
 
@@ -307,7 +307,7 @@ class SetEnv(gym.Env):
         self.limits = sc.control_spec().limits
         self.scale = 1.0 / max(offered_rps(sc), 1e-9) if self.per_offered_load else 1.0
         flat, info = self.inner.reset(seed=seed)
-        self.anchors = anchors_for(sc, self.worlds.tune_seeds) if self.anchored else None
+        self.anchors = anchors_for(sc, self.worlds.search_seeds) if self.anchored else None
         if self.paired is not None:
             self._twin_good = self._anchor_episode(sc, seed)
             self._good = np.zeros(self.inner.n)

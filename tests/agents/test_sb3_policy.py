@@ -99,7 +99,8 @@ def test_shipped_policy_learned_to_hold_the_limits_near_the_maximum() -> None:
 
 
 def test_every_shipped_folder_is_a_small_complete_policy_named_after_its_scenario() -> None:
-    # static-best/ holds static:best's tuned caps, one store per scenario (tests/train/test_tune.py checks them)
+    # static-best/ holds static:best's tuned caps, one store per scenario (tests/train/test_static_search.py checks
+    # them)
     folders = sorted(p.name for p in PRETRAINED.iterdir() if p.is_dir() and p.name != "static-best")
     assert {f"ppo-{s}" for s in SHIPPED_SCENARIOS} <= set(folders)
     for name in folders:

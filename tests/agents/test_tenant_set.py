@@ -201,8 +201,8 @@ def test_family_training_writes_a_policy_that_acts_on_any_tenant_count(tmp_path:
         ("family: h200-mix\npolicy: {kind: tenant-set}\nimitation: {}", "imitation on a family needs family_pool"),
         ("imitation: {}", "imitation: needs policy.kind tenant-set without an anchor"),
         ("policy: {kind: tenant-set}\nimitation: {rounds: 0}", "imitation.rounds"),
-        ("policy: {kind: tenant-set}\nimitation: {tune_seeds: 6}",
-         "imitation.tune_seeds: Input should be less than or equal to 5"),
+        ("policy: {kind: tenant-set}\nimitation: {search_seeds: 6}",
+         "imitation.search_seeds: Input should be less than or equal to 5"),
     ],
 )
 def test_tenant_set_config_errors_name_what_is_allowed(tmp_path: Path, yaml_text: str, needle: str) -> None:

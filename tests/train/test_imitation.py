@@ -16,7 +16,7 @@ from admit.core.spec import Limits
 from admit.envs.scenario import load_scenario
 from admit.train import worlds
 from admit.train.imitation import expert_choices
-from admit.train.static_search import TUNING_SEEDS
+from admit.train.static_search import SEARCH_SEEDS
 from admit.train.worlds import SetEnv, Worlds, pool_caps
 from stable_baselines3 import PPO
 from typer.testing import CliRunner
@@ -39,19 +39,19 @@ def test_the_expert_moves_each_limit_as_near_its_cap_as_one_decision_goes() -> N
 
 def test_pool_caps_on_fewer_seeds_are_cached_apart_from_static_best(tmp_path: Path,
                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    """Imitation's cheaper targets (imitation.tune_seeds < 5) are tuned on a prefix of static:best's seeds, kept in
+    """Imitation's cheaper targets (imitation.search_seeds < 5) are tuned on a prefix of static:best's seeds, kept in
     their own file and read back from it, and never seen by static:best's lookup; on all 5 seeds they are
     static:best's caps themselves."""
     monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path))
     sc = load_scenario("h200-live-small")
-    one = pool_caps(sc, TUNING_SEEDS[:1], workers=1)
-    assert one.seeds == TUNING_SEEDS[:1] and len(one.caps) == len(sc.tenants)
-    path = worlds.pool_path(sc, TUNING_SEEDS[:1])
+    one = pool_caps(sc, SEARCH_SEEDS[:1], workers=1)
+    assert one.seeds == SEARCH_SEEDS[:1] and len(one.caps) == len(sc.tenants)
+    path = worlds.pool_path(sc, SEARCH_SEEDS[:1])
     assert one.path == path and path.exists()
     assert all(st.path != path for st in all_stores())  # static:best never deploys it
     stamp = path.stat().st_mtime_ns
     worlds._POOL.clear()
-    again = pool_caps(sc, TUNING_SEEDS[:1], workers=1)
+    again = pool_caps(sc, SEARCH_SEEDS[:1], workers=1)
     assert again.caps == one.caps and path.stat().st_mtime_ns == stamp  # read back, not tuned again
     assert pool_caps(sc).caps == tuned_caps(sc).caps
     with pytest.raises(ValueError, match="non-empty prefix of 900000..900004"):

@@ -21,7 +21,7 @@ from admit.envs.kernels import T_ARRIVED, T_GOOD
 from admit.envs.scenario import load_scenario
 from admit.evaluate.offline import run_policy
 from admit.train.config import TrainConfigError, load_config
-from admit.train.static_search import TUNING_SEEDS
+from admit.train.static_search import SEARCH_SEEDS
 from admit.train.worlds import Paired, SetEnv, Worlds
 from gymnasium.utils.env_checker import check_env
 from typer.testing import CliRunner
@@ -128,7 +128,7 @@ def test_the_paired_reward_and_wide_choices_need_anchors() -> None:
 
 
 def test_several_families_share_one_pool_of_episodes() -> None:
-    worlds = Worlds(family=("h200-mix", "h200-shift"), split="validation", pool=2, anchored=True, tune_seeds=2)
+    worlds = Worlds(family=("h200-mix", "h200-shift"), split="validation", pool=2, anchored=True, search_seeds=2)
     assert Worlds(family="h200-mix+h200-shift", split="validation", pool=2) .families == ("h200-mix", "h200-shift")
     assert worlds.names() == ["h200-mix@10000", "h200-mix@10001", "h200-shift@10000", "h200-shift@10001"]
     drawn = {worlds.pick(s).name for s in range(500_000, 500_060)}
@@ -142,8 +142,8 @@ def test_several_families_share_one_pool_of_episodes() -> None:
         Worlds(family=("h200-mix", "h200-mix"))
     with pytest.raises(ValueError, match="unknown family 'nope'"):
         Worlds(family="h200-mix+nope")
-    with pytest.raises(ValueError, match="tune_seeds must be 1..5"):
-        Worlds(family="h200-mix", tune_seeds=6)
+    with pytest.raises(ValueError, match="search_seeds must be 1..5"):
+        Worlds(family="h200-mix", search_seeds=6)
 
 
 def test_a_wide_anchored_policy_deploys_with_its_own_choice_set(tmp_path: Path) -> None:
@@ -182,18 +182,18 @@ def test_a_wide_anchored_policy_deploys_with_its_own_choice_set(tmp_path: Path) 
 
 def test_a_pool_tuned_one_instance_per_process_has_the_caps_of_one_search_at_a_time(tmp_path: Path,
                                                                                    monkeypatch) -> None:
-    from admit.train.worlds import pool_caps, tune_pool
+    from admit.train.worlds import pool_caps, search_pool
 
     data = yaml.safe_load((Path(__file__).resolve().parents[2] / "envs/families/h200-shift.yaml").read_text())
     data["scenario"]["horizon_s"] = 240  # short episodes: a quick search
     fam = tmp_path / "short-shift.yaml"
     fam.write_text(yaml.safe_dump(data))
-    worlds = Worlds(family=str(fam), split="validation", pool=2, anchored=True, tune_seeds=1)
+    worlds = Worlds(family=str(fam), split="validation", pool=2, anchored=True, search_seeds=1)
     monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "a"))
-    parallel = tune_pool(worlds, workers=2, tune_seeds=1)
+    parallel = search_pool(worlds, workers=2, search_seeds=1)
     assert len(list((tmp_path / "a" / "pool_caps").glob("*.json"))) == 2  # the processes wrote them
     monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "b"))
-    one = {sc.name: list(pool_caps(sc, TUNING_SEEDS[:1], workers=1).caps)
+    one = {sc.name: list(pool_caps(sc, SEARCH_SEEDS[:1], workers=1).caps)
            for sc in (worlds.instance(s, str(fam)) for s in worlds.family_seeds(str(fam)))}
     assert parallel == one and len(one) == 2
 
@@ -221,7 +221,7 @@ def test_an_env_in_a_daemonic_worker_tunes_an_untuned_instance_itself(tmp_path: 
     worlds = Worlds(family=str(fam), split="validation", pool=1)
     sc = worlds.instance(worlds.family_seeds(str(fam)).start, str(fam))
     monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "a"))
-    monkeypatch.setenv("ADMIT_TUNE_WORKERS", "2")  # what would start a pool, were it not a daemon
+    monkeypatch.setenv("ADMIT_SEARCH_WORKERS", "2")  # what would start a pool, were it not a daemon
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     child = ctx.Process(target=_anchors_in_child, args=(sc, queue), daemon=True)
@@ -229,4 +229,4 @@ def test_an_env_in_a_daemonic_worker_tunes_an_untuned_instance_itself(tmp_path: 
     got = queue.get(timeout=600)
     child.join()
     monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "b"))
-    assert got == list(pool_caps(sc, TUNING_SEEDS[:1], workers=1).caps)
+    assert got == list(pool_caps(sc, SEARCH_SEEDS[:1], workers=1).caps)

@@ -44,9 +44,9 @@ SHIPPED = ("h200-mixed", "h200-azure-2023", "servegen-skewed", "h200-live-small"
 
 @pytest.fixture
 def cache(tmp_path, monkeypatch):
-    """A fresh cache for static:best, one worker for tunings on the fly, and no resolutions remembered."""
+    """A fresh cache for static:best, one worker for searches on the fly, and no resolutions remembered."""
     monkeypatch.setenv("ADMIT_CACHE_DIR", str(tmp_path / "cache"))
-    monkeypatch.setenv("ADMIT_TUNE_WORKERS", "1")
+    monkeypatch.setenv("ADMIT_SEARCH_WORKERS", "1")
     monkeypatch.setattr(best, "_RESOLVED", {})
     monkeypatch.setattr(best, "_BY_SPEC", {})
     return tmp_path / "cache" / "static_best"
@@ -137,12 +137,12 @@ def test_seed_spellings():
 
 # ------------------------------------------------------------------------------------------ on the simulator
 def test_the_search_finds_the_provable_best_cap_of_a_slot_pool():
-    full = search.tune_static(parse_scenario(TINY), seeds=[0, 1, 2], workers=1, race_margin=0)
+    full = search.search_static(parse_scenario(TINY), seeds=[0, 1, 2], workers=1, race_margin=0)
     ob = full.objective
     scores = {c[0]: ob.mean(c) for c, _ in ob.episodes}
     assert full.best == (4,)
     assert scores[4] > scores[3] > scores[2] > scores[1] and scores[4] > scores[6] > scores[8] > scores[16]
-    raced = search.tune_static(parse_scenario(TINY), seeds=[0, 1, 2], workers=1)
+    raced = search.search_static(parse_scenario(TINY), seeds=[0, 1, 2], workers=1)
     assert raced.best == (4,) and raced.objective.rollouts < ob.rollouts
     assert (16,) in raced.objective.pruned and not raced.objective.complete((16,))  # dropped after one seed
     data = raced.to_json("test")
@@ -156,8 +156,8 @@ def test_the_search_finds_the_provable_best_cap_of_a_slot_pool():
 
 def test_workers_give_the_serial_result_and_the_cache_runs_each_episode_once():
     sc = parse_scenario(TINY)
-    serial = search.tune_static(sc, seeds=[0, 1], workers=1, race_margin=0, measure_ramp=False)
-    pooled = search.tune_static(sc, seeds=[0, 1], workers=2, race_margin=0, measure_ramp=False)
+    serial = search.search_static(sc, seeds=[0, 1], workers=1, race_margin=0, measure_ramp=False)
+    pooled = search.search_static(sc, seeds=[0, 1], workers=2, race_margin=0, measure_ramp=False)
     assert serial.best == pooled.best
     assert serial.objective.episodes == pooled.objective.episodes
     assert serial.objective.rollouts == len(serial.objective.episodes)  # no episode ran twice
@@ -208,7 +208,7 @@ def test_shipped_caps_are_fresh_and_disjoint_from_evaluation_seeds(name):
         f"{name} changed since its caps were tuned: admit search-static --scenario {name} --workers 2 "
         f"--out agents/pretrained/static-best/{name}.json"
     )
-    assert tuple(data["seeds"]) == search.TUNING_SEEDS  # never an evaluation seed of admit evaluate (0..N-1)
+    assert tuple(data["seeds"]) == search.SEARCH_SEEDS  # never an evaluation seed of admit evaluate (0..N-1)
     assert data["goodput_rps"] >= data["plain_static"]["goodput_rps"]
     # the command that made it, under the verb's name of the day (the shipped stores are kept byte for byte)
     assert data["command"].startswith(f"admit tune-static --scenario {name} ") and data["wall_s"] > 0
@@ -216,7 +216,7 @@ def test_shipped_caps_are_fresh_and_disjoint_from_evaluation_seeds(name):
 
 @pytest.mark.parametrize("name", SHIPPED)
 def test_shipped_caps_reproduce_their_goodput(name):
-    """The stored episodes replay: the simulator has not changed under the caps (else retune and ship again)."""
+    """The stored episodes replay: the simulator has not changed under the caps (else search again and ship)."""
     data = _shipped(name)
     seed = data["seeds"][0]
     got = run_policy(load_scenario(name), data["policy"], seed)["goodput_rps"]
@@ -241,29 +241,29 @@ def test_static_best_resolves_the_shipped_caps_unbound_and_bound(cache, capsys):
     for c in (unbound, bound):
         assert c.name == "static:best" and tuple(c.cap) == caps
         assert c.tuned.path.parent == best.shipped_dir()
-    assert "tuning now" not in capsys.readouterr().err and not cache.exists()
+    assert "searching now" not in capsys.readouterr().err and not cache.exists()
     # and it is exactly the static policy at those caps
     assert run_policy(sc, "static:best", 3) == run_policy(sc, search.static_policy(caps), 3)
 
 
-def test_static_best_retunes_a_changed_scenario_with_a_message_and_caches_it(cache, capsys):
+def test_static_best_searches_a_changed_scenario_again_with_a_message_and_caches_it(cache, capsys):
     short = load_scenario("h200-live-small", horizon_s=20)  # not the world the shipped caps were tuned on
     c = make_controller("static:best", scenario=short)
     c.reset(short.control_spec(), 0)
     err = capsys.readouterr().err
-    assert "stale" in err and "h200-live-small.json" in err and "tuning now on seeds 900000..900004" in err
+    assert "stale" in err and "h200-live-small.json" in err and "searching now on seeds 900000..900004" in err
     path = best.cache_path(short)
     assert c.tuned.path == path and path.is_file()
     data = json.loads(path.read_text())
-    assert data["fingerprint"] == search.fingerprint(short) and data["seeds"] == list(search.TUNING_SEEDS)
-    # a new process (nothing remembered) finds the cached caps and tunes nothing
+    assert data["fingerprint"] == search.fingerprint(short) and data["seeds"] == list(search.SEARCH_SEEDS)
+    # a new process (nothing remembered) finds the cached caps and searches nothing
     best._RESOLVED.clear()
     again = make_controller("static:best", scenario=short)
     again.reset(short.control_spec(), 0)
-    assert again.cap == c.cap and "tuning now" not in capsys.readouterr().err
+    assert again.cap == c.cap and "searching now" not in capsys.readouterr().err
 
 
-def test_static_best_refuses_its_own_tuning_seeds(cache):
+def test_static_best_refuses_its_own_search_seeds(cache):
     sc = load_scenario("h200-live-small")
     c = make_controller("static:best", scenario=sc)
     with pytest.raises(ValueError, match="tuned on seeds 900000..900004"):
@@ -286,11 +286,11 @@ def test_static_best_finds_a_cached_tuning_of_a_scenario_file_by_its_spec(cache,
     path = tmp_path / "mine.yaml"
     path.write_text(yaml.safe_dump({**TINY, "name": "mine"}))
     sc = load_scenario(path)
-    res = search.tune_static(path, seeds=[0, 1], workers=1)
+    res = search.search_static(path, seeds=[0, 1], workers=1)
     search.write_store(res.to_json("test"), best.cache_path(sc))
     c = make_controller("static:best")
     c.reset(sc.control_spec(), 5)
-    assert tuple(c.cap) == res.best == (4,) and "tuning now" not in capsys.readouterr().err
+    assert tuple(c.cap) == res.best == (4,) and "searching now" not in capsys.readouterr().err
     with pytest.raises(ValueError, match="tuned on seeds 0..1"):
         c.reset(sc.control_spec(), 1)
 
@@ -386,7 +386,7 @@ def test_cli_default_seeds_are_static_best_s_and_a_bad_static_arg_names_best():
 
     from admit.train.cli import search_static as verb
 
-    assert inspect.signature(verb).parameters["seeds"].default.default == search.format_seeds(search.TUNING_SEEDS)
+    assert inspect.signature(verb).parameters["seeds"].default.default == search.format_seeds(search.SEARCH_SEEDS)
     with pytest.raises(ValueError, match="or 'best'"):
         make_controller("static:bestest")
 
