@@ -43,6 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from admit.core.contract import ContractMeter
 from admit.core.gcra import Gcra
 from admit.core.telemetry import TenantTokens
 from admit.gateway.admin import AdminApi
@@ -108,6 +109,7 @@ class Record:
     n_tenant: int = -1  # the tenant's index, once known
     left: bool = False  # the client went away and the request's task was cancelled for it
     logged: bool = False  # its metrics, telemetry and request-log line are written (once, before the last byte)
+    in_contract: bool | None = None  # classified at arrival where the tenant has a contract (core/contract.py)
 
     def overhead_s(self) -> float | None:
         """The gateway's own time in the request's TTFT: reading and parsing it, charging its envelopes,
@@ -133,6 +135,7 @@ class Record:
             "stream": self.stream,
             "path": self.path,
             "step_id": self.step_id,
+            "in_contract": self.in_contract,
         }
 
 
@@ -153,6 +156,7 @@ class Gateway:
     def __init__(self, cfg: GatewayConfig, backend_url: str, backend_api_key: str | None = None) -> None:
         self.cfg = cfg
         self.names = [t.name for t in cfg.tenants]
+        self.contracts = [None if t.contract is None else ContractMeter(t.contract) for t in cfg.tenants]
         self.index = {n: i for i, n in enumerate(self.names)}
         self._keys = cfg.key_index()
         self._trusted = cfg.auth.header.lower().encode() if cfg.auth.mode == "trusted_header" else None
@@ -449,6 +453,11 @@ class Gateway:
         rec.offered = True
         rec.n_tenant = tenant
         self.telemetry.arrival(tenant)
+        meter = self.contracts[tenant]
+        if meter is not None:  # on the arrival time the request log shows, so a replay of the log classifies alike
+            asked = info.cost_tokens(self.context_tokens, self.cfg.default_output_tokens) - info.prompt_tokens
+            rec.in_contract = meter.arrive(round(rec.arrival, 6), info.prompt_tokens, asked)
+            self.metrics.contract_requests.inc(rec.tenant, "in" if rec.in_contract else "excess")
         self.waiting_admission[id(rec)] = rec
         # the request runs in this (the server's) task; a watcher cancels it if the client goes away, which
         # gives the lease back or leaves the queue, and drops the upstream connection
@@ -732,6 +741,8 @@ class Gateway:
         if rec.offered and rec.tenant is not None and self.telemetry.finished(
                 self.index[rec.tenant], outcome, rec.e2e_s, rec.ttft_s, rec.queue_wait_s, rec.output_tokens):
             m.good.inc(tenant)
+            if rec.in_contract:
+                m.contract_good.inc(tenant)
         if self.request_log.path is not None:
             if rec.tenant is not None:
                 self.request_log.write(rec.line())

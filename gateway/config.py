@@ -38,6 +38,7 @@ from typing import Any, ClassVar, Literal
 import yaml
 from admit.core import config as core_config
 from admit.core.config import renamed_keys
+from admit.core.contract import Contract
 from admit.core.schema import StrictModel
 from admit.core.slo import SLO
 from pydantic import Field, ValidationError, field_validator, model_validator
@@ -163,6 +164,9 @@ class TenantConfig(StrictModel):
     borrow: int = Field(default=0, ge=0, le=LIMIT_MAX)
     envelopes: tuple[EnvelopeConfig, ...] = ()
     slo: SLO = SLO()  # objectives the Observation carries (none = NO_SLO)
+    # the load the tenant is promised service for (core/contract.py): each request is classified in or out of
+    # contract at its arrival, as the simulator classifies it
+    contract: Contract | None = None
 
     @model_validator(mode="before")
     @classmethod
@@ -343,6 +347,9 @@ class GatewayConfig(StrictModel):
             raise ValueError("borrow needs a global 'capacity' to borrow from")
         if self.redis is not None and self.capacity is not None:
             raise ValueError("capacity (work-conserving sharing) is in-process only; it cannot be used with redis")
+        if self.redis is not None and any(t.contract is not None for t in self.tenants):
+            raise ValueError("contracts are classified in-process (one envelope per tenant in this gateway); with "
+                             "redis each replica would count its own share, so give contracts without redis")
         if self.redis is not None and self.state_file is not None:
             raise ValueError("state_file is for an in-process gateway; with redis the run-time state lives in Redis")
         return self

@@ -28,6 +28,7 @@ REQUEST_LOG_KEYS = (
     "stream",
     "path",
     "step_id",
+    "in_contract",
 )
 AUDIT_KEYS = ("time", "version", "tenant_version", "actor", "what", "tenant", "old", "new", "reason")
 

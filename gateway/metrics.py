@@ -163,6 +163,12 @@ class GatewayMetrics:
                                     "streamed events)", ["tenant"], r)
         self.good = Counts(PREFIX + "good_requests", "completed requests within every per-request objective of "
                            "their tenant (the goodput's count)", ["tenant"], r)
+        self.contract_requests = Counts(
+            PREFIX + "contract_requests", "requests of tenants with a contract by class at arrival: in (in contract) "
+            "or excess (core/contract.py)", ["tenant", "class"], r)
+        self.contract_good = Counts(PREFIX + "contract_good_requests", "in-contract requests that were good (their "
+                                    "tenant's in-contract attainment: this over contract_requests{class=in})",
+                                    ["tenant"], r)
         self.log_suppressed = Counts(
             PREFIX + "request_log_suppressed", "request-log lines of unauthenticated requests left out (rate limit)",
             [], r)
