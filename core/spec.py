@@ -6,6 +6,8 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from admit.core.contract import Contract
+
 
 @dataclass(frozen=True)
 class TenantSpec:
@@ -27,6 +29,11 @@ class TenantSpec:
     # a ceiling on this tenant's limit below ``Limits.max`` (what Kueue admitted for it, gateway/kueue.py);
     # None: none but Limits.max
     max_limit: int | None = None
+    # the load it is promised service for (core/contract.py); None: no promise
+    contract: Contract | None = None
+    # that contract as a share of the engine's estimated capacity (envs/family.py's contract_loads), where the
+    # world knows its engine (a scenario); None live or without a contract
+    contract_load: float | None = None
 
     @property
     def request_bounds(self) -> tuple[float, float, float]:

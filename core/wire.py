@@ -14,6 +14,7 @@ from dataclasses import asdict
 from typing import Any
 
 import numpy as np
+from admit.core.contract import Contract
 from admit.core.observation import NO_SLO, Observation
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 
@@ -44,7 +45,9 @@ def spec_json(spec: ControlSpec) -> dict[str, Any]:
         "tenants": [{"name": t.name, "slo_e2e_p99_s": fin(t.slo_e2e_p99_s), "slo_ttft_p99_s": fin(t.slo_ttft_p99_s),
                      "weight": t.weight, "priority": t.priority, "slo_ttft_s": fin(t.slo_ttft_s),
                      "slo_tpot_s": fin(t.slo_tpot_s), "slo_e2e_s": fin(t.slo_e2e_s),
-                     "max_limit": t.max_limit} for t in spec.tenants],
+                     "max_limit": t.max_limit,
+                     "contract": None if t.contract is None else t.contract.model_dump(exclude_none=True),
+                     "contract_load": t.contract_load} for t in spec.tenants],
         "limits": {"min": lim.min, "max": lim.max, "initial": lim.initial, "max_step": lim.max_step},
         "interval_s": spec.interval_s,
         "window_s": spec.window_s,
@@ -59,7 +62,9 @@ def spec_from_json(data: dict[str, Any]) -> ControlSpec:
     # the per-request objectives are absent from a gateway older than them: no objective
     tenants = tuple(TenantSpec(t["name"], inf(t["slo_e2e_p99_s"]), inf(t["slo_ttft_p99_s"]), float(t["weight"]),
                                int(t["priority"]), inf(t.get("slo_ttft_s")), inf(t.get("slo_tpot_s")),
-                               inf(t.get("slo_e2e_s")), t.get("max_limit")) for t in data["tenants"])
+                               inf(t.get("slo_e2e_s")), t.get("max_limit"),
+                               None if t.get("contract") is None else Contract.model_validate(t["contract"]),
+                               t.get("contract_load")) for t in data["tenants"])
     return ControlSpec(tenants, Limits(**data["limits"]), float(data["interval_s"]), float(data["window_s"]),
                        inf(data["queue_timeout_s"]))
 

@@ -161,6 +161,11 @@ class Scenario(StrictModel):
         return self.admission.max_queue if q is None else q
 
     def control_spec(self) -> ControlSpec:
+        loads: list[float | None] = [None] * len(self.tenants)
+        if self.has_contracts:
+            from admit.envs.family import contract_loads
+
+            loads = contract_loads(self)
         tenants = tuple(
             TenantSpec(
                 name=t.name,
@@ -171,8 +176,10 @@ class Scenario(StrictModel):
                 slo_ttft_s=t.slo.ttft_bound,
                 slo_tpot_s=t.slo.tpot_bound,
                 slo_e2e_s=t.slo.e2e_bound,
+                contract=t.contract,
+                contract_load=load,
             )
-            for t in self.tenants
+            for t, load in zip(self.tenants, loads, strict=True)
         )
         lim = self.limits
         return ControlSpec(

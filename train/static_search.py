@@ -96,7 +96,14 @@ def fingerprint(scenario: Scenario) -> str:
 
 def spec_fingerprint(spec: ControlSpec) -> str:
     """sha256 of the control spec: how an unbound static:best, which sees only the spec, finds a stored tuning."""
-    text = json.dumps(asdict(spec), sort_keys=True, separators=(",", ":"))
+    data = asdict(spec)
+    for t, ts in zip(data["tenants"], spec.tenants, strict=True):
+        for k in ("contract", "contract_load"):  # fields the spec gained later: absent when unset, as before
+            if t[k] is None:
+                del t[k]
+        if ts.contract is not None:
+            t["contract"] = ts.contract.model_dump(mode="json", exclude_none=True)
+    text = json.dumps(data, sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()
 
 

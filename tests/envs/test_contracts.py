@@ -93,3 +93,15 @@ def test_an_evaluation_carries_the_contracts_and_their_figures() -> None:
 def test_a_scenario_without_contracts_has_no_contract_figures() -> None:
     ep = rollout(load_scenario("h200-live-small"), make_controller("static"), 0)
     assert "contracts_met" not in ep and not any(k.startswith("contract") for k in ep["tenants"]["chat"])
+
+
+def test_a_controller_is_told_each_contract_and_its_load_and_the_wire_carries_both() -> None:
+    from admit.core.wire import spec_from_json, spec_json
+
+    sc = with_contracts("h200-live-small", {"chat": CHAT})
+    spec = sc.control_spec()
+    chat, agent = spec.tenants
+    assert chat.contract is not None and chat.contract.requests_per_s == 1.5
+    assert chat.contract_load == pytest.approx(contract_loads(sc)[0]) and 0 < chat.contract_load < 1
+    assert agent.contract is None and agent.contract_load is None
+    assert spec_from_json(spec_json(spec)) == spec
