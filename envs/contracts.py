@@ -3,7 +3,11 @@
 Per tenant with a contract (core/contract.py): the requests it sent in contract (classified at arrival on
 the tenant's envelope, from the episode's arrivals alone, so the same under every policy on one seed), how
 many of them were good, their attainment, whether the promise was kept and the shortfall. Over the
-scenario: ``contracts`` (how many tenants have one), ``contracts_met`` and ``contract_shortfall`` (summed).
+scenario: ``contracts`` (how many tenants have one), ``contracts_met`` and ``contract_shortfall`` (summed),
+and ``jain_share``, Jain's index over the tenants' share-normalised service: per tenant with a contract, its
+good requests (in contract or not) measured in its contract's unit (requests, or prompt + output tokens) and
+divided by its contract's rate; 1 when the good service is divided in proportion to the contracts, 1/n when
+one tenant has it all (a common scale leaves the index as it is, so the service is counted, not divided by time).
 Read after the run from the world's request columns, so the simulation's hot path carries nothing for it.
 Requests that arrived during a warm-up (``Simulation(warmup_s=)``) are classified, as they charge the
 envelope, but not counted, as the episode's other totals do not count them.
@@ -16,19 +20,20 @@ from typing import Any
 import numpy as np
 from admit.core.contract import classify, figures
 from admit.envs.scenario import Scenario
-from admit.envs.simulation import RequestColumns
+from admit.envs.simulation import RequestColumns, jain
 
 
 def episode_contracts(scenario: Scenario, cols: RequestColumns, warmup_s: float = 0.0
                       ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
-    """(per tenant name with a contract: its figures, overall: contracts, contracts_met, contract_shortfall);
-    both empty when no tenant has a contract."""
+    """(per tenant name with a contract: its figures, overall: contracts, contracts_met, contract_shortfall,
+    jain_share); both empty when no tenant has a contract."""
     if not scenario.has_contracts:
         return {}, {}
     spec = scenario.control_spec()
     good = cols.good([t.request_bounds for t in spec.tenants])
     counted = cols.arrival >= warmup_s
     per: dict[str, dict[str, float]] = {}
+    share: list[float] = []  # per tenant with a contract: its good service over its contract's rate
     for k, t in enumerate(scenario.tenants):
         if t.contract is None:
             continue
@@ -36,10 +41,15 @@ def episode_contracts(scenario: Scenario, cols: RequestColumns, warmup_s: float 
         inside = classify(t.contract, cols.arrival[mine], cols.prompt[mine], cols.output[mine])
         sel = mine[inside & counted[mine]]
         per[t.name] = figures(t.contract, len(sel), int(good[sel].sum()))
+        served = mine[good[mine] & counted[mine]]
+        units = float(len(served)) if t.contract.unit == "requests" else float(
+            cols.prompt[served].sum(dtype=np.int64) + cols.output[served].sum(dtype=np.int64))
+        share.append(units / t.contract.rate)
     overall = {
         "contracts": float(len(per)),
         "contracts_met": float(sum(f["contract_met"] for f in per.values())),
         "contract_shortfall": float(sum(f["contract_shortfall"] for f in per.values())),
+        "jain_share": jain(share),
     }
     return per, overall
 

@@ -71,8 +71,9 @@ TENANT_METRICS = (
     "completed",
     "good",
 )
-# Where tenants have contracts (envs/contracts.py), these too, overall and per tenant with one.
-CONTRACT_METRICS = ("contracts_met", "contract_shortfall", "contracts")
+# Where tenants have contracts (envs/contracts.py), these too, overall and per tenant with one; overall in the
+# order the reports show them: contracts met, shortfall, (goodput,) Jain over share-normalised service.
+CONTRACT_METRICS = ("contracts_met", "contract_shortfall", "jain_share", "contracts")
 TENANT_CONTRACT_METRICS = ("contract_attainment", "contract_met", "contract_shortfall", "contract_arrived",
                            "contract_good")
 
