@@ -1,4 +1,4 @@
-"""The admission core: per-tenant FIFO queues in front of a shared server.
+"""The admission core: per-tenant FIFO queues in front of a shared server, in-contract requests first.
 
 One piece of code for both worlds. The simulator drives it in simulated time, the live gateway in
 wall-clock time; the time source is injected as a zero-argument callable (`clock`) and nothing in here
@@ -8,8 +8,14 @@ Per tenant the core holds
 * a concurrency ``limit`` that may be changed at any time (raising it dispatches queued work at once,
   lowering it never cancels work already in flight: it takes effect as requests finish),
 * the number of requests ``in_flight`` (admitted and not yet released),
-* a bounded FIFO queue (``max_queue``); an offer to a full queue is rejected,
-* a queue timeout: an item that has waited longer than ``queue_timeout_s`` is dropped by ``expire()``.
+* two FIFO queues, one for the requests in the tenant's contract and one for its excess (core/contract.py
+  decides which a request is, at its arrival; ``offer(..., in_contract=)``). A freed slot goes to the oldest
+  in-contract item, and to the oldest excess item only when no in-contract one waits, so a tenant's excess
+  never delays its own promised requests; it never reorders tenants, each has its own slots. A tenant without
+  a contract offers everything as in contract and so has one FIFO queue,
+* one bound on both queues together (``max_queue``); an offer that finds them full is rejected,
+* a queue timeout: an item that has waited longer than ``queue_timeout_s`` is dropped by ``expire()``, in
+  either queue.
 
 All operations are synchronous and non-blocking, so "check then increment" happens inside one call and
 cannot overshoot a limit. Payloads are opaque: the simulator queues request objects, the gateway futures.
@@ -33,8 +39,8 @@ class Offer(IntEnum):
     """What happened to an offered item."""
 
     ADMITTED = 0  # a slot was free: the caller dispatches the item now
-    QUEUED = 1  # waiting in the tenant's FIFO queue
-    REJECTED = 2  # the tenant's queue was full: the caller defers the request (e.g. HTTP 429)
+    QUEUED = 1  # waiting in one of the tenant's FIFO queues
+    REJECTED = 2  # the tenant's queues were full: the caller defers the request (e.g. HTTP 429)
 
 
 class QueueConfig(StrictModel):
@@ -46,22 +52,24 @@ class QueueConfig(StrictModel):
 
 
 class _TenantState:
-    __slots__ = ("admitted", "dropped", "in_flight", "limit", "max_queue", "queue", "rejected", "timeout")
+    __slots__ = ("admitted", "dropped", "excess", "in_flight", "limit", "max_queue", "queue", "rejected", "timeout")
 
     def __init__(self, cfg: QueueConfig) -> None:
         self.limit = cfg.limit
         self.max_queue = cfg.max_queue
         self.timeout = cfg.queue_timeout_s
         self.in_flight = 0
-        # (deadline, enqueued_at, payload); deadlines are increasing because the timeout is per tenant
+        # (deadline, enqueued_at, payload): the in-contract items, then the excess; deadlines are increasing in
+        # each because the timeout is per tenant, so each queue's head is its next to time out
         self.queue: deque[tuple[float, float, Any]] = deque()
+        self.excess: deque[tuple[float, float, Any]] = deque()
         self.admitted = 0
         self.rejected = 0
         self.dropped = 0
 
 
 class AdmissionCore:
-    """Per-tenant concurrency limits with bounded FIFO queues and a queue timeout.
+    """Per-tenant concurrency limits with bounded FIFO queues (in contract, then excess) and a queue timeout.
 
     Tenants are addressed by index ``0..n-1`` (the order of ``configs``).
     """
@@ -86,7 +94,9 @@ class AdmissionCore:
         return self._t[tenant].in_flight
 
     def queue_depth(self, tenant: int) -> int:
-        return len(self._t[tenant].queue)
+        """Items in the tenant's queues, both classes."""
+        s = self._t[tenant]
+        return len(s.queue) + len(s.excess)
 
     def counters(self, tenant: int) -> dict[str, int]:
         s = self._t[tenant]
@@ -102,21 +112,24 @@ class AdmissionCore:
         for s in self._t:
             if s.queue and s.queue[0][0] < best:
                 best = s.queue[0][0]
+            if s.excess and s.excess[0][0] < best:
+                best = s.excess[0][0]
         return best
 
     # ----------------------------------------------------------------- operations
-    def offer(self, tenant: int, payload: Any) -> Offer:
-        """Offer one request of ``tenant``: admit it, queue it, or reject it when the queue is full."""
+    def offer(self, tenant: int, payload: Any, in_contract: bool = True) -> Offer:
+        """Offer one request of ``tenant``: admit it, queue it (``in_contract``: in the in-contract queue, else
+        in the excess one), or reject it when the tenant's queues hold ``max_queue`` items together."""
         s = self._t[tenant]
-        if s.in_flight < s.limit and not s.queue:
+        if s.in_flight < s.limit and not s.queue and not s.excess:
             s.in_flight += 1
             s.admitted += 1
             return Offer.ADMITTED
-        if len(s.queue) >= s.max_queue:
+        if len(s.queue) + len(s.excess) >= s.max_queue:
             s.rejected += 1
             return Offer.REJECTED
         now = self._clock()
-        s.queue.append((now + s.timeout, now, payload))
+        (s.queue if in_contract else s.excess).append((now + s.timeout, now, payload))
         self.queued += 1
         return Offer.QUEUED
 
@@ -131,22 +144,23 @@ class AdmissionCore:
         if s.in_flight <= 0:
             raise RuntimeError(f"release() for tenant {tenant} with nothing in flight")
         s.in_flight -= 1
-        if s.queue and s.in_flight < s.limit:
+        if (s.queue or s.excess) and s.in_flight < s.limit:
             return self._dispatch_one(tenant, s, self._clock())
         return None
 
     def _dispatch_one(self, tenant: int, s: _TenantState, now: float) -> tuple[Any, float] | None:
-        q = s.queue
-        while q:
-            deadline, enq, payload = q.popleft()
-            self.queued -= 1
-            if deadline < now:  # waited too long: it is a drop, not a dispatch
-                s.dropped += 1
-                self._late.append((tenant, payload, now - enq))
-                continue
-            s.in_flight += 1
-            s.admitted += 1
-            return payload, now - enq
+        """The oldest in-contract item still within its deadline, else the oldest such excess item, or None."""
+        for q in (s.queue, s.excess):
+            while q:
+                deadline, enq, payload = q.popleft()
+                self.queued -= 1
+                if deadline < now:  # waited too long: it is a drop, not a dispatch
+                    s.dropped += 1
+                    self._late.append((tenant, payload, now - enq))
+                    continue
+                s.in_flight += 1
+                s.admitted += 1
+                return payload, now - enq
         return None
 
     def set_limit(self, tenant: int, limit: int) -> list[tuple[Any, float]]:
@@ -156,7 +170,7 @@ class AdmissionCore:
         s = self._t[tenant]
         s.limit = int(limit)
         out: list[tuple[Any, float]] = []
-        if s.queue and s.in_flight < s.limit:
+        if (s.queue or s.excess) and s.in_flight < s.limit:
             now = self._clock()
             while s.in_flight < s.limit:
                 got = self._dispatch_one(tenant, s, now)
@@ -166,27 +180,29 @@ class AdmissionCore:
         return out
 
     def expire(self) -> list[tuple[int, Any, float]]:
-        """Drop every queued item whose deadline has passed; returns ``(tenant, payload, waited_s)``.
+        """Drop every queued item whose deadline has passed; returns ``(tenant, payload, waited_s)``: the items
+        found late by a dispatch, then per tenant its in-contract items and then its excess, oldest first.
 
         Dropping frees no slot (a queued item holds none), so nothing is dispatched here.
         """
         now = self._clock()
         out, self._late = self._late, []
         for i, s in enumerate(self._t):
-            q = s.queue
-            while q and q[0][0] <= now:
-                _, enq, payload = q.popleft()
-                self.queued -= 1
-                s.dropped += 1
-                out.append((i, payload, now - enq))
+            for q in (s.queue, s.excess):
+                while q and q[0][0] <= now:
+                    _, enq, payload = q.popleft()
+                    self.queued -= 1
+                    s.dropped += 1
+                    out.append((i, payload, now - enq))
         return out
 
     def cancel(self, tenant: int, payload: Any) -> bool:
-        """Remove a still-queued payload (its client went away). True if it was found."""
-        q = self._t[tenant].queue
-        for idx, item in enumerate(q):
-            if item[2] is payload:
-                del q[idx]
-                self.queued -= 1
-                return True
+        """Remove a still-queued payload, of either class (its client went away). True if it was found."""
+        s = self._t[tenant]
+        for q in (s.queue, s.excess):
+            for idx, item in enumerate(q):
+                if item[2] is payload:
+                    del q[idx]
+                    self.queued -= 1
+                    return True
         return False
