@@ -2,8 +2,9 @@
 
 ``make_controller("NAME[:ARG]")`` builds a fresh controller: the hand-written ones of controllers/, the
 shipped and trained ones of agents/ (``static:best``, agents/static_best.py: static caps tuned for goodput on
-seeds disjoint from the evaluation's; ``ppo:PATH`` and friends; ``llm:URL``). It lives in agents/ because it
-makes agents' policies; the heavy ones (torch, the openai client) are imported only when one is made.
+seeds disjoint from the evaluation's; ``static:contract``, the same under the tenants' contracts; ``ppo:PATH``
+and friends; ``llm:URL``). It lives in agents/ because it makes agents' policies; the heavy ones (torch, the
+openai client) are imported only when one is made.
 A policy that acts around static:best's caps (``ledger:best``, an anchored tenant-set policy such as
 ``ppo:general``) is that policy wrapped around ``BestStatic`` (controllers/around.py). A policy that needs more
 of its world than the ``ControlSpec`` it gets at ``reset`` (static:best needs the scenario's workload to find
@@ -15,7 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from admit.agents.static_best import BestStatic
+from admit.agents.static_best import BestStatic, ContractStatic
 from admit.controllers.aimd import AIMDController
 from admit.controllers.around import AroundBase
 from admit.controllers.differentiated import DifferentiatedController
@@ -43,11 +44,13 @@ def _static(arg: str | None) -> Controller:
         return StaticController()
     if arg == "best":
         return BestStatic()
+    if arg == "contract":  # the caps with the most goodput that keep every contract
+        return ContractStatic()
     try:
         caps = [int(x) for x in arg.split(",")]
     except ValueError:
         raise ValueError(
-            f"static:ARG takes an integer cap, comma-separated caps per tenant or 'best', got {arg!r}"
+            f"static:ARG takes an integer cap, comma-separated caps per tenant, 'best' or 'contract', got {arg!r}"
         ) from None
     c = StaticController(caps[0] if len(caps) == 1 else caps)
     c.name = f"static:{arg}"

@@ -42,6 +42,7 @@ from admit.train.static_search import (
     SEARCH_SEEDS,
     STORE_FORMAT,
     Caps,
+    SearchGoal,
     fingerprint,
     format_seeds,
     search_static,
@@ -49,25 +50,31 @@ from admit.train.static_search import (
     write_store,
 )
 
-
 # ---------------------------------------------------------------------------------------------- stores
-def shipped_dir() -> Path:
-    """agents/pretrained/static-best/: the tunings that ship with admit (``admit search-static --out`` there)."""
-    return Path(str(resources.files("admit.agents").joinpath("pretrained").joinpath("static-best")))
+# per objective: the policy that deploys its caps, its shipped folder under agents/pretrained/, its cache folder
+POLICY: dict[SearchGoal, str] = {"goodput": "static:best", "contract": "static:contract"}
+_SHIPPED: dict[SearchGoal, str] = {"goodput": "static-best", "contract": "static-contract"}
+_CACHED: dict[SearchGoal, str] = {"goodput": "static_best", "contract": "static_contract"}
 
 
-def cache_dir() -> Path:
+def shipped_dir(objective: SearchGoal = "goodput") -> Path:
+    """agents/pretrained/static-best/ (static-contract/ under the contracts): the tunings that ship with admit
+    (``admit search-static --out`` there)."""
+    return Path(str(resources.files("admit.agents").joinpath("pretrained").joinpath(_SHIPPED[objective])))
+
+
+def cache_dir(objective: SearchGoal = "goodput") -> Path:
     """Where tunings made on the fly (and ``admit search-static`` without ``--out``) go: ``$ADMIT_CACHE_DIR``, else
-    ``$XDG_CACHE_HOME/admit``, else ``~/.cache/admit``; the static_best/ folder in it."""
+    ``$XDG_CACHE_HOME/admit``, else ``~/.cache/admit``; the static_best/ (static_contract/) folder in it."""
     root = os.environ.get("ADMIT_CACHE_DIR") or (
         str(Path(os.environ["XDG_CACHE_HOME"]) / "admit") if os.environ.get("XDG_CACHE_HOME") else None
     )
-    return (Path(root) if root else Path.home() / ".cache" / "admit") / "static_best"
+    return (Path(root) if root else Path.home() / ".cache" / "admit") / _CACHED[objective]
 
 
-def cache_path(scenario: Scenario) -> Path:
+def cache_path(scenario: Scenario, objective: SearchGoal = "goodput") -> Path:
     safe = re.sub(r"[^A-Za-z0-9._@-]+", "_", scenario.name) or "scenario"
-    return cache_dir() / f"{safe}-{fingerprint(scenario)[:16]}.json"
+    return cache_dir(objective) / f"{safe}-{fingerprint(scenario, objective)[:16]}.json"
 
 
 @dataclass(frozen=True)
@@ -123,10 +130,10 @@ def _stores(folder: Path, log: Callable[[str], None]) -> list[TunedCaps]:
     return out
 
 
-def all_stores(log: Callable[[str], None] | None = None) -> list[TunedCaps]:
-    """Every readable tuning, shipped first, then cached."""
+def all_stores(log: Callable[[str], None] | None = None, objective: SearchGoal = "goodput") -> list[TunedCaps]:
+    """Every readable tuning of ``objective``, shipped first, then cached."""
     say = log or to_stderr
-    return _stores(shipped_dir(), say) + _stores(cache_dir(), say)
+    return _stores(shipped_dir(objective), say) + _stores(cache_dir(objective), say)
 
 
 def to_stderr(msg: str) -> None:
@@ -138,16 +145,18 @@ _RESOLVED: dict[tuple[str, str, str], TunedCaps] = {}
 
 
 def tuned_caps(
-    scenario: Scenario, *, workers: int | None = None, log: Callable[[str], None] | None = None
+    scenario: Scenario, *, workers: int | None = None, log: Callable[[str], None] | None = None,
+    objective: SearchGoal = "goodput",
 ) -> TunedCaps:
-    """The stored tuning of ``scenario`` (by fingerprint, shipped then cached); where none is, tune on
-    `SEARCH_SEEDS` now, say so, and cache it. Remembered per process."""
+    """The stored tuning of ``scenario`` for ``objective`` (by fingerprint, shipped then cached); where none is,
+    tune on `SEARCH_SEEDS` now, say so, and cache it. Remembered per process."""
     say = log or to_stderr
-    fp = fingerprint(scenario)
-    key = (fp, str(shipped_dir()), str(cache_dir()))
+    fp = fingerprint(scenario, objective)
+    policy = POLICY[objective]
+    key = (fp, str(shipped_dir(objective)), str(cache_dir(objective)))
     if key in _RESOLVED:
         return _RESOLVED[key]
-    stores = all_stores(say)
+    stores = all_stores(say, objective)
     found = next((s for s in stores if s.fingerprint == fp), None)
     if found is not None and found.tenants != tuple(t.name for t in scenario.tenants):
         raise ValueError(
@@ -160,20 +169,22 @@ def tuned_caps(
             f"the caps in {old[0].path} were tuned on another version of {scenario.name!r} or another engine "
             f"(fingerprint {old[0].fingerprint[:12]}, this one {fp[:12]}): stale here"
             if old
-            else f"no tuned caps for {scenario.name!r} (fingerprint {fp[:12]}) in {shipped_dir()} or {cache_dir()}"
+            else f"no tuned caps for {scenario.name!r} (fingerprint {fp[:12]}) in {shipped_dir(objective)} or "
+            f"{cache_dir(objective)}"
         )
         w = workers if workers is not None else int(os.environ.get("ADMIT_SEARCH_WORKERS", min(4, os.cpu_count() or 1)))
-        path = cache_path(scenario)
-        say(f"static:best: {why}; searching now on seeds {format_seeds(SEARCH_SEEDS)} with {w} worker(s), into {path}")
-        result = search_static(scenario, SEARCH_SEEDS, w)
+        path = cache_path(scenario, objective)
+        say(f"{policy}: {why}; searching now on seeds {format_seeds(SEARCH_SEEDS)} with {w} worker(s), into {path}")
+        result = search_static(scenario, SEARCH_SEEDS, w, objective=objective)
+        blind = " --blind" if objective == "goodput" and scenario.has_contracts else ""
         cmd = (
-            f"(on the fly, static:best) admit search-static --scenario {result.source} --seeds "
-            f"{format_seeds(SEARCH_SEEDS)} --workers {w}"
+            f"(on the fly, {policy}) admit search-static --scenario {result.source} --seeds "
+            f"{format_seeds(SEARCH_SEEDS)} --workers {w}{blind}"
         )
         write_store(result.to_json(cmd), path)
         found = TunedCaps.load(path)
         say(
-            f"static:best: {scenario.name}: caps {static_policy(found.caps)[len('static:') :]} "
+            f"{policy}: {scenario.name}: caps {static_policy(found.caps)[len('static:') :]} "
             f"(goodput {found.goodput_rps:.3f} req/s on the tuning seeds) after {result.wall_s:.0f} s"
         )
     _RESOLVED[key] = found
@@ -230,17 +241,16 @@ def scenario_for_spec(spec: ControlSpec, log: Callable[[str], None] | None = Non
 def check_seeds(policies: Sequence[str], seeds: Sequence[int], scenario: Scenario) -> None:
     """Raise ValueError when an evaluation of ``policies`` on ``seeds`` would test a static:best on a seed its
     caps were tuned on (``admit evaluate`` can call it before any work; `BestStatic.reset` checks it anyway)."""
-    if "static:best" not in policies:
-        return
-    tuned = tuned_caps(scenario)
-    _refuse_overlap(tuned, seeds)
+    for objective, policy in POLICY.items():
+        if policy in policies:
+            _refuse_overlap(tuned_caps(scenario, objective=objective), seeds, policy)
 
 
-def _refuse_overlap(tuned: TunedCaps, seeds: Iterable[int]) -> None:
+def _refuse_overlap(tuned: TunedCaps, seeds: Iterable[int], policy: str = "static:best") -> None:
     bad = sorted(set(int(s) for s in seeds) & set(tuned.seeds))
     if bad:
         raise ValueError(
-            f"static:best's caps for {tuned.scenario!r} were tuned on seeds {format_seeds(tuned.seeds)} "
+            f"{policy}'s caps for {tuned.scenario!r} were tuned on seeds {format_seeds(tuned.seeds)} "
             f"({tuned.path}); evaluating it on seed {format_seeds(bad)} would test it on the data it was tuned "
             f"on: choose evaluation seeds outside {format_seeds(tuned.seeds)}"
         )
@@ -255,6 +265,7 @@ class BestStatic(StaticController):
     """
 
     name = "static:best"
+    objective: SearchGoal = "goodput"
 
     def __init__(self, scenario: Scenario | None = None) -> None:
         super().__init__(None)
@@ -271,12 +282,21 @@ class BestStatic(StaticController):
         if sc is None:
             sc = scenario_for_spec(spec)
         elif sc.control_spec() != spec:
-            raise ValueError(f"static:best is bound to scenario {sc.name!r} but was reset with another control spec")
-        tuned = tuned_caps(sc)
+            raise ValueError(f"{self.name} is bound to scenario {sc.name!r} but was reset with another control spec")
+        tuned = tuned_caps(sc, objective=self.objective)
         if seed is not None:
-            _refuse_overlap(tuned, [seed])
+            _refuse_overlap(tuned, [seed], self.name)
         self.tuned = tuned
         self.cap = list(tuned.caps)
         super().reset(spec, seed)
+
+
+class ContractStatic(BestStatic):
+    """``static:contract``: static caps searched for the most goodput among those that keep every contract on
+    the tuning seeds (admit.train.static_search, ``objective="contract"``): what an operator who honours the
+    contracts with fixed caps deploys. Stored and found as static:best's are, in static-contract/ folders."""
+
+    name = "static:contract"
+    objective: SearchGoal = "contract"
 
 

@@ -137,13 +137,18 @@ def search_static(
     race_margin: float = typer.Option(
         0.02, min=0.0, max=0.5, help="after each seed, drop candidates this fraction below the leader (0: none)"
     ),
+    blind: bool = typer.Option(
+        False, help="search for goodput alone although the scenario has contracts (static:best's caps); by default "
+        "a scenario with contracts is searched under them (static:contract's caps)"
+    ),
 ) -> None:
-    """Search per-tenant static caps for the most goodput (coordinate descent over a log grid): static:best's caps."""
+    """Search per-tenant static caps for the most goodput (coordinate descent over a log grid): static:best's caps,
+    or, where the tenants have contracts, the most goodput among the caps that keep them all: static:contract's."""
     import shlex
 
     from admit.agents.static_best import cache_path
     from admit.envs.scenario import ScenarioError, load_scenario
-    from admit.train.static_search import format_seeds, parse_seeds, write_store
+    from admit.train.static_search import SearchGoal, format_seeds, parse_seeds, write_store
     from admit.train.static_search import search_static as search
     from rich.progress import Progress
 
@@ -153,7 +158,8 @@ def search_static(
     except (ScenarioError, ValueError) as e:
         _fail(str(e))
     names = [t.name for t in sc.tenants]
-    target = out if out is not None else cache_path(sc)
+    goal: SearchGoal = "contract" if sc.has_contracts and not blind else "goodput"
+    target = out if out is not None else cache_path(sc, goal)
     command = ["admit", "search-static", "--scenario", scenario, "--seeds", format_seeds(seed_list)]
     command += ["--workers", str(workers)]
     if out is not None:
@@ -162,7 +168,10 @@ def search_static(
         command.append("--no-refine")
     if race_margin != 0.02:
         command += ["--race-margin", str(race_margin)]
-    typer.echo(f"searching static caps of {sc.name} ({', '.join(names)}) on seeds {format_seeds(seed_list)}")
+    if blind and sc.has_contracts:
+        command.append("--blind")
+    under = " under the contracts" if goal == "contract" else ""
+    typer.echo(f"searching static caps of {sc.name} ({', '.join(names)}){under} on seeds {format_seeds(seed_list)}")
     try:
         with Progress(transient=True) as bar:
             task = bar.add_task("episodes", total=None)
@@ -174,6 +183,7 @@ def search_static(
                 race_margin=race_margin,
                 progress=lambda i: bar.update(task, completed=i),
                 log=lambda line: bar.console.print(line, soft_wrap=True, highlight=False),
+                objective=goal,
             )
     except ValueError as e:
         _fail(str(e))
@@ -191,6 +201,10 @@ def search_static(
             f"  ramp from initial: {ramp['decisions']:.0f} decisions ({ramp['seconds']:.0f} s); the same caps set at "
             f"t = 0: goodput {ramp['goodput_rps_at_caps']:.3f} req/s"
         )
+    for name, f in data.get("contracts", {}).items():
+        kept = "kept" if f["contract_met"] else f"broken, {f['contract_shortfall']:.0f} requests short"
+        typer.echo(f"  contract of {name}: {f['contract_attainment']:.3f} of {f['contract_arrived']:.0f} in-contract "
+                   f"requests good (promised {f['contract']['attainment']:g}): {kept}")
     s = data["search"]
     typer.echo(f"{s['points']} points, {s['rollouts']} episodes, {data['wall_s']:.0f} s with {workers} worker(s)")
     typer.echo(f"wrote {target}")

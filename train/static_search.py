@@ -22,6 +22,12 @@ than ``race_margin`` (2%) below the leader's is dropped (recorded as pruned, nev
 0`` runs every candidate on every seed). Under common random numbers the seeds rank caps alike, so racing
 ends at the caps of the unraced search with fewer episodes (docs/controllers.md).
 
+**Under contracts** (``objective="contract"``, static:contract): the score is the mean goodput less
+``CONTRACT_PENALTY`` (1000 req/s) per in-contract request short of a promise per seed, each tenant's promise
+judged on its in-contract requests pooled over the tuning seeds (core/contract.py); so caps that keep more
+promises always win, and among caps that keep them all the most goodput does (the smallest caps on ties).
+The race is off there: it compares goodput alone and could drop the only caps that keep a promise.
+
 The result is a tuning store (`SearchResult.to_json`, written by `write_store`; `fingerprint` names the scenario it
 was tuned on) that admit.agents.static_best reads: static:best deploys it. train/worlds.py's ``pool_caps``
 runs the same search for training targets (an anchored policy's anchors, imitation's expert).
@@ -45,9 +51,10 @@ from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from admit.controllers.static import StaticController
+from admit.core.contract import figures as contract_figures
 from admit.core.spec import ControlSpec, Limits
 from admit.engine.presets import install, override_of, overrides
 from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
@@ -56,6 +63,10 @@ if TYPE_CHECKING:
     from admit.envs.compiled import World
 
 Caps = tuple[int, ...]
+
+SearchGoal = Literal["goodput", "contract"]
+"""What a search maximises: goodput (static:best, tenant-blind), or goodput among the caps that keep every
+contract (static:contract; the module docstring)."""
 
 Objective = Callable[[Sequence[Caps]], list[float]]
 """The search's objective: the scores of a batch of cap vectors, higher is better; ``-inf`` for a candidate
@@ -75,6 +86,9 @@ KEPT_METRICS = (
 )
 
 
+CONTRACT_COUNTS = ("contract_arrived", "contract_good")  # per tenant with a contract: what the promise is judged on
+CONTRACT_PENALTY = 1000.0  # req/s of goodput one in-contract request short of a promise (per seed) outweighs
+
 SEARCH_SEEDS: tuple[int, ...] = tuple(range(900_000, 900_005))
 """The seeds static:best's caps are tuned on: ``admit evaluate``'s seeds 0..N-1, the training env's validation
 seeds (500000 + j) and its episode seeds (1000000 + ...) never reach them."""
@@ -82,11 +96,14 @@ STORE_FORMAT = 1
 _FINGERPRINT_EXCLUDES = {"name", "description", "reward"}  # change nothing in an episode
 
 
-def fingerprint(scenario: Scenario) -> str:
+def fingerprint(scenario: Scenario, objective: SearchGoal = "goodput") -> str:
     """sha256 of the scenario's parsed content as set (``exclude_unset``: a field the schema gains later, with
-    a default, does not make every stored tuning stale), without its name, description and reward weights."""
+    a default, does not make every stored tuning stale), without its name, description and reward weights;
+    a search under the contracts (``objective="contract"``) is told apart from the tenant-blind one."""
     data = scenario.model_dump(mode="json", exclude_unset=True, exclude=_FINGERPRINT_EXCLUDES)
     payload: dict[str, Any] = {"fingerprint": 1, "scenario": data}
+    if objective != "goodput":
+        payload["objective"] = objective
     engine = scenario.engine
     if isinstance(engine, TokenEngineConfig) and (other := override_of(engine.preset)) is not None:
         payload["preset"] = asdict(other)  # the same scenario on another engine (a calibrated fit): other caps
@@ -317,7 +334,8 @@ def _episode(args: tuple[Scenario, Caps, int]) -> dict[str, Any]:
     ep = rollout(scenario, static_at(caps), seed, inspect=_held_back)
     out: dict[str, Any] = {k: float(ep[k]) for k in KEPT_METRICS if k in ep}
     out["tenants"] = {
-        name: {k: float(v[k]) for k in ("goodput_rps", "attainment")} for name, v in ep["tenants"].items()
+        name: {k: float(v[k]) for k in ("goodput_rps", "attainment", *CONTRACT_COUNTS) if k in v}
+        for name, v in ep["tenants"].items()
     }
     out["bound"] = ep["bound"]
     return out
@@ -360,11 +378,15 @@ class SimObjective:
         workers: int,
         race_margin: float = 0.02,
         progress: Callable[[int], None] | None = None,
+        objective: SearchGoal = "goodput",
     ) -> None:
         if not seeds:
             raise ValueError("give at least one tuning seed")
         if not 0 <= race_margin < 1:
             raise ValueError(f"race_margin must be in [0, 1), got {race_margin}")
+        if objective == "contract" and not scenario.has_contracts:
+            raise ValueError(f"scenario {scenario.name!r} has no contracts to search under; search for goodput")
+        self.kind: SearchGoal = objective
         self.scenario = scenario
         self.seeds = [int(s) for s in seeds]
         self.pool = pool
@@ -416,10 +438,31 @@ class SimObjective:
     def mean(self, caps: Caps, metric: str = "goodput_rps") -> float:
         return sum(self.episodes[(caps, s)][metric] for s in self.seeds) / len(self.seeds)
 
+    def contracts(self, caps: Caps) -> dict[str, dict[str, float]]:
+        """Per tenant with a contract, its figures over the tuning seeds pooled (core/contract.py's ``figures``
+        on the summed in-contract arrivals and good requests): met when the pooled attainment keeps the promise."""
+        out = {}
+        for t in self.scenario.tenants:
+            if t.contract is None:
+                continue
+            runs = [self.episodes[(caps, s)]["tenants"][t.name] for s in self.seeds]
+            out[t.name] = contract_figures(t.contract, int(sum(r["contract_arrived"] for r in runs)),
+                                           int(sum(r["contract_good"] for r in runs)))
+        return out
+
+    def score(self, caps: Caps) -> float:
+        """What the search maximises: the mean goodput, less (under the contracts) ``CONTRACT_PENALTY`` per
+        in-contract request short of a promise per seed, so any caps that keep more promises win."""
+        good = self.mean(caps)
+        if self.kind == "goodput":
+            return good
+        short = sum(f["contract_shortfall"] for f in self.contracts(caps).values())
+        return good - CONTRACT_PENALTY * short / len(self.seeds)
+
     def __call__(self, points: Sequence[Caps]) -> list[float]:
         """The mean goodput of every point over the seeds; ``-inf`` for a point the race dropped."""
         alive = list(dict.fromkeys(tuple(p) for p in points))
-        if self.race_margin > 0:
+        if self.race_margin > 0 and self.kind == "goodput":  # the race compares goodput alone
             for k in range(len(self.seeds) - 1):  # after the last seed there is nothing left to save
                 if len(alive) < 2:
                     break
@@ -431,7 +474,7 @@ class SimObjective:
                 alive = [p for p in alive if p not in out]
         self._run((p, s) for p in alive for s in self.seeds)
         self.pruned.difference_update(alive)
-        return [self.mean(p) if self.complete(p) else -math.inf for p in points]
+        return [self.score(p) if self.complete(p) else -math.inf for p in points]
 
 
 # ---------------------------------------------------------------------------------------------- search_static
@@ -481,17 +524,29 @@ class SearchResult:
                 entry["inferred_on_seeds"] = inferred  # filled in from an episode whose limit never bound
             points.append(entry)
         best = self.point(self.best)
+        under = {}
+        if ob.kind == "contract":
+            figs = ob.contracts(self.best)
+            given = {t.name: t.contract.model_dump(exclude_none=True) for t in sc.tenants if t.contract is not None}
+            under = {"contracts": {n: {"contract": given[n], **f} for n, f in figs.items()},
+                     "contracts_met": sum(int(f["contract_met"]) for f in figs.values()),
+                     "contracts_total": len(figs)}
         return {
             "format": STORE_FORMAT,
             "scenario": sc.name,
             "source": self.source,
-            "fingerprint": fingerprint(sc),
+            "fingerprint": fingerprint(sc, ob.kind),
             "spec_fingerprint": spec_fingerprint(sc.control_spec()),
             "tenants": names,
             "caps": dict(zip(names, self.best, strict=True)),
             "policy": static_policy(self.best),
             "seeds": self.seeds,
-            "objective": "mean goodput_rps over the seeds (offline.rollout of the static caps, ramp from initial)",
+            "objective": "mean goodput_rps over the seeds (offline.rollout of the static caps, ramp from initial)"
+            if ob.kind == "goodput" else "the most mean goodput_rps over the seeds among the caps that keep every "
+            "contract on the seeds pooled (each in-contract request short of a promise costs "
+            f"{CONTRACT_PENALTY:g} req/s a seed)",
+            "searched_for": ob.kind,
+            **under,
             "goodput_rps": best["goodput_rps"],
             "attainment": best.get("attainment"),
             "worst_attainment": best.get("worst_attainment"),
@@ -553,9 +608,11 @@ def search_static(
     measure_ramp: bool = True,
     progress: Callable[[int], None] | None = None,
     log: Callable[[str], None] | None = None,
+    objective: SearchGoal = "goodput",
 ) -> SearchResult:
-    """Search per-tenant static caps on ``seeds`` for the most mean goodput (the module's docstring: the grid,
-    the descent, the tie-break, the racing). Starts at the scenario's ``initial`` caps (plain ``static``)."""
+    """Search per-tenant static caps on ``seeds`` for the most mean goodput, or (``objective="contract"``) the
+    most among those that keep every contract (the module's docstring: the grid, the descent, the tie-break,
+    the racing). Starts at the scenario's ``initial`` caps (plain ``static``)."""
     sc = scenario if isinstance(scenario, Scenario) else load_scenario(scenario)
     source = sc.name if isinstance(scenario, Scenario) else _source(scenario)
     if workers < 1:
@@ -571,7 +628,7 @@ def search_static(
     pool = ProcessPoolExecutor(max_workers=workers, initializer=install, initargs=(overrides(),)) \
         if workers > 1 else None
     try:
-        ob = SimObjective(sc, seeds, pool, workers, race_margin, progress)
+        ob = SimObjective(sc, seeds, pool, workers, race_margin, progress, objective)
         say = (lambda w: log(describe_sweep(w, names))) if log is not None else None
         descents = [
             coordinate_descent(
