@@ -519,3 +519,83 @@ def test_verdict_against_any_policy_is_the_verdict_with_that_policy_first():
     assert "### `ppo:general`" in section and "ppo:general-untuned" not in section  # only the policies that ran
     assert section.endswith("measured reasons\n")
     assert general_row("h200-mixed", {"policies": {p: a["policies"][p] for p in pols[:3]}}) is None
+
+
+# ---------------------------------------------------------------------------------- contracts
+CONTRACT_SEEDS = 8  # enough pairs for p < 0.05 when every seed agrees
+
+
+def _contract_eval(rows: dict[str, tuple[list[float], list[float], list[float]]], promise: float = 0.9) -> dict:
+    """results.json of constructed per-seed figures: per policy (goodput, chat's in-contract attainment, batch's
+    attainment) on each seed; chat has a contract promising ``promise``, batch none. Summarised and tested by
+    evaluate/offline.py as a real evaluation is."""
+    from admit.evaluate.offline import Evaluation
+
+    per_seed = {
+        p: [{"goodput_rps": g, "tenants": {"chat": {"attainment": c, "contract_attainment": c},
+                                           "batch": {"attainment": b}}}
+            for g, c, b in zip(*cols, strict=True)]
+        for p, cols in rows.items()
+    }
+    contract = {"requests_per_s": 2.0, "burst": 4, "attainment": promise}
+    return Evaluation("constructed", list(range(CONTRACT_SEEDS)), list(rows), per_seed, metrics=("goodput_rps",),
+                      tenant_metrics=("attainment",), contracts={"chat": contract}).to_json()
+
+
+def _seeds(mean: float, step: float = 0.001) -> list[float]:
+    """Eight values around ``mean``, different on every seed (so a shifted copy differs on each, one sign)."""
+    return [mean + step * (i - (CONTRACT_SEEDS - 1) / 2) for i in range(CONTRACT_SEEDS)]
+
+
+def test_contract_verdict_wins_ties_and_loses_by_the_promises_kept():
+    from admit.evaluate.verdict import contracts_met, has_contracts, verdicts
+
+    base = (_seeds(5.0), _seeds(0.93), _seeds(0.8))
+    data = _contract_eval({
+        "base": base,
+        # more goodput, chat still above its promise: a win, even though batch (no contract) is shed
+        "win": (_seeds(5.5), _seeds(0.92), _seeds(0.1)),
+        # more goodput bought with chat's contract, significantly below the baseline's attainment: a loss
+        "broke": (_seeds(6.0), _seeds(0.85), _seeds(0.8)),
+        # chat's mean just under the promise but not significantly below the baseline's: no loss, no win
+        "missed": (_seeds(5.5), [0.94, 0.85] * 4, _seeds(0.8)),
+        # less goodput, every contract kept: a loss on goodput
+        "slower": (_seeds(4.5), _seeds(0.95), _seeds(0.8)),
+        # the same goodput: a tie
+        "same": base,
+    })
+    assert has_contracts(data)
+    assert [contracts_met(data["policies"][p]) for p in ("base", "broke", "missed")] == [(1, 1), (0, 1), (0, 1)]
+    v = verdicts(data)
+    assert v["base"] is None
+    assert v["win"] is not None and v["win"].outcome == "wins"
+    assert v["win"].reasons == ("goodput +0.500 req/s, p = 0.008",)
+    assert v["broke"] is not None and v["broke"].outcome == "loses"
+    assert v["broke"].reasons == ("goodput +1.000 req/s, p = 0.008",
+                                  "chat's contract broken: in-contract attainment 0.850 < 0.9 (baseline 0.930), "
+                                  "p = 0.008")
+    assert v["missed"] is not None and v["missed"].outcome == "ties"
+    assert "chat's contract missed" in v["missed"].reasons[1] and "(not significant)" in v["missed"].reasons[1]
+    assert v["slower"] is not None and v["slower"].outcome == "loses"
+    assert v["slower"].reasons == ("goodput -0.500 req/s, p = 0.008",)
+    assert str(v["same"]) == "ties: goodput the same on every seed"
+    # a baseline that misses the promise cannot have it broken; a policy that keeps it is told so
+    data = _contract_eval({"base": (_seeds(5.0), _seeds(0.80), _seeds(0.8)),
+                           "keeps": (_seeds(4.9), _seeds(0.95), _seeds(0.8)),
+                           "worse": (_seeds(5.2), _seeds(0.70), _seeds(0.8))})
+    v = verdicts(data)
+    assert v["keeps"] is not None and v["keeps"].outcome == "loses"  # less goodput, still
+    assert v["keeps"].reasons[1] == "chat's contract kept: in-contract attainment 0.950 ≥ 0.9 (baseline 0.800)"
+    assert v["worse"] is not None and v["worse"].outcome == "wins"
+    # exactly the promise is met
+    data = _contract_eval({"base": (_seeds(5.0), [0.9] * 8, _seeds(0.8)), "x": (_seeds(5.5), [0.9] * 8, _seeds(0.8))})
+    assert contracts_met(data["policies"]["x"]) == (1, 1) and str(verdicts(data)["x"]).startswith("wins")
+
+
+def test_without_contracts_the_verdict_is_the_attainment_rule():
+    from admit.evaluate.verdict import has_contracts, verdict
+
+    base = _judged(5.0, 1.0, {"chat": (0.80, 1.0), "batch": (0.95, 1.0)})
+    assert not has_contracts({"policies": {"static": base}})
+    # shedding batch with more goodput loses by the attainment rule, where there are no contracts
+    assert verdict(_judged(5.4, 0.002, {"chat": (0.86, 0.001), "batch": (0.5, 0.001)}), base).outcome == "loses"
