@@ -19,8 +19,9 @@ from typing import Any
 
 import numpy as np
 from admit.core.contract import classify, figures
-from admit.envs.scenario import Scenario
+from admit.envs.scenario import Scenario, parse_scenario
 from admit.envs.simulation import RequestColumns, jain
+from admit.envs.workload import Trace
 
 
 def episode_contracts(scenario: Scenario, cols: RequestColumns, warmup_s: float = 0.0
@@ -57,3 +58,26 @@ def episode_contracts(scenario: Scenario, cols: RequestColumns, warmup_s: float 
 def contract_json(scenario: Scenario) -> dict[str, Any]:
     """Each tenant's contract as given (``{name: {requests_per_s | tokens_per_s, burst, attainment}}``)."""
     return {t.name: t.contract.model_dump(exclude_none=True) for t in scenario.tenants if t.contract is not None}
+
+
+def at_contract(scenario: Scenario) -> Scenario:
+    """``scenario`` with every tenant that has a contract sending exactly it: constant arrivals at the
+    contracted requests/s (a token contract's at the tenant's mean request size, engine/capacity.py's mix), so
+    every request is in contract; its request sizes as before (a replayed trace's by resampling its columns).
+    Tenants without a contract are unchanged. Searching its caps under the contracts (``admit search-static
+    --at-contract``) says whether some static caps keep every promise when each tenant sends its contract."""
+    from admit.envs.family import tenant_mix  # the capacity estimate: only when asked
+
+    if not scenario.has_contracts:
+        raise ValueError(f"scenario {scenario.name!r} has no contracts to send")
+    data = scenario.model_dump(mode="json", exclude_none=True)
+    for t, d in zip(scenario.tenants, data["tenants"], strict=True):
+        if t.contract is None:
+            continue
+        rate = t.contract.requests_per_s_at(tenant_mix(t).tokens)
+        if isinstance(t.arrival, Trace):
+            for key, col in (("prompt_tokens", "prompt"), ("output_tokens", "output")):
+                d.setdefault(key, {"kind": "empirical", "source": t.arrival.source, "column": col})
+        d["arrival"] = {"kind": "constant", "rate": rate}
+    data["name"] = f"{scenario.name}-at-contract"
+    return parse_scenario(data, f"{scenario.name} at its contracts")

@@ -141,12 +141,17 @@ def search_static(
         False, help="search for goodput alone although the scenario has contracts (static:best's caps); by default "
         "a scenario with contracts is searched under them (static:contract's caps)"
     ),
+    at_contract: bool = typer.Option(
+        False, help="search the scenario with each tenant that has a contract sending exactly it (constant arrivals "
+        "at the contracted rate): whether some static caps keep every promise then"
+    ),
 ) -> None:
     """Search per-tenant static caps for the most goodput (coordinate descent over a log grid): static:best's caps,
     or, where the tenants have contracts, the most goodput among the caps that keep them all: static:contract's."""
     import shlex
 
     from admit.agents.static_best import cache_path
+    from admit.envs.contracts import at_contract as contract_load_only
     from admit.envs.scenario import ScenarioError, load_scenario
     from admit.train.static_search import SearchGoal, format_seeds, parse_seeds, write_store
     from admit.train.static_search import search_static as search
@@ -155,6 +160,8 @@ def search_static(
     try:
         seed_list = parse_seeds(seeds)
         sc = load_scenario(scenario)
+        if at_contract:
+            sc = contract_load_only(sc)
     except (ScenarioError, ValueError) as e:
         _fail(str(e))
     names = [t.name for t in sc.tenants]
@@ -170,6 +177,8 @@ def search_static(
         command += ["--race-margin", str(race_margin)]
     if blind and sc.has_contracts:
         command.append("--blind")
+    if at_contract:
+        command.append("--at-contract")
     under = " under the contracts" if goal == "contract" else ""
     typer.echo(f"searching static caps of {sc.name} ({', '.join(names)}){under} on seeds {format_seeds(seed_list)}")
     try:

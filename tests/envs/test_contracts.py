@@ -105,3 +105,23 @@ def test_a_controller_is_told_each_contract_and_its_load_and_the_wire_carries_bo
     assert chat.contract_load == pytest.approx(contract_loads(sc)[0]) and 0 < chat.contract_load < 1
     assert agent.contract is None and agent.contract_load is None
     assert spec_from_json(spec_json(spec)) == spec
+
+
+def test_at_contract_each_tenant_sends_its_contract_and_a_trace_keeps_its_sizes() -> None:
+    from admit.envs.contracts import at_contract
+    from admit.envs.family import tenant_mix
+
+    sc = with_contracts("h200-azure-2023", {"code": {"requests_per_s": 2.0, "burst": 4, "attainment": 0.9},
+                                            "conversation": {"tokens_per_s": 4000, "burst": 40000,
+                                                             "attainment": 0.9}}, horizon_s=300)
+    at = at_contract(sc)
+    assert at.name == "h200-azure-2023-at-contract" and all(t.arrival.kind == "constant" for t in at.tenants)
+    assert at.tenants[1].prompt_tokens is not None and at.tenants[1].prompt_tokens.kind == "empirical"
+    ep = rollout(at, make_controller("static:16"), 0)
+    code, conv = ep["tenants"]["code"], ep["tenants"]["conversation"]
+    assert code["contract_arrived"] == code["arrived"] and abs(code["arrived"] - 2.0 * 300) <= 1
+    # a token contract is sent at the mean request size: the larger requests may overrun the burst now and then
+    assert conv["contract_arrived"] >= 0.95 * conv["arrived"]
+    assert abs(conv["arrived"] - 300 * 4000 / tenant_mix(sc.tenants[1]).tokens) <= 1
+    with pytest.raises(ValueError, match="has no contracts to send"):
+        at_contract(load_scenario("h200-mixed"))
