@@ -5,13 +5,20 @@ per policy; the per-tenant figures, one row per tenant and policy (it grows down
 number of tenants); and each policy's verdict against the first (evaluate/verdict.py). `pareto_plot` draws
 goodput against the worst tenant's attainment, what the verdict trades off; `latency_pareto_plot` is the seed
 study's throughput against e2e p99, kept for seed-paper's reproduction.
+
+Where the tenants have contracts the overall table leads with what the verdict then judges first: the
+contracts met on the table (k/n, evaluate/verdict.py's rule), the contract shortfall (in-contract requests
+short of the promise per episode), then goodput and Jain's index over share-normalised service
+(envs/contracts.py's ``jain_share``); the per-tenant table adds each tenant's in-contract attainment, its
+promise and whether it is met; the plot puts goodput against the contract shortfall. Without contracts
+every output is as it was.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from admit.evaluate.verdict import too_few_seeds, verdicts
+from admit.evaluate.verdict import contracts_met, has_contracts, meets, too_few_seeds, verdicts
 from rich import box
 from rich.console import Console
 from rich.table import Table
@@ -45,7 +52,56 @@ def _horizon(data: dict) -> str:
     return f" ({h:g} s episodes)" if h else ""
 
 
+def _met(entry: dict) -> str:
+    """Contracts met on the table, ``k/n``."""
+    k, n = contracts_met(entry)
+    return f"{k}/{n}"
+
+
+def contract_overall_table(data: dict) -> Table:
+    """The overall table where the tenants have contracts: contracts met, shortfall, goodput, Jain over
+    share-normalised service first, then attainment and latency as without contracts."""
+    t = _table(
+        "all tenants",
+        [
+            "policy",
+            "met",
+            "shortfall\nrequests",
+            "goodput\nreq/s",
+            "p",
+            "Jain\nshare",
+            "attainment",
+            "worst\ntenant",
+            "TTFT\np99 s",
+            "TPOT\np99 ms",
+            "drops",
+            "rejects",
+            "mean\nlimit",
+        ],
+    )
+    for i, (name, e) in enumerate(data["policies"].items()):
+        pv = e["p_value_vs_first"]
+        t.add_row(
+            name,
+            _met(e),
+            _pm(e["contract_shortfall"], 1),
+            _pm(e["goodput_rps"], 3),
+            _p(pv["goodput_rps"], i == 0),
+            f"{e['jain_share']['mean']:.3f}",
+            f"{e['attainment']['mean']:.3f}",
+            f"{e['worst_attainment']['mean']:.3f}",
+            f"{e['ttft_p99_s']['mean']:.2f}",
+            f"{1000 * e['tpot_p99_s']['mean']:.1f}",
+            f"{e['timeouts']['mean']:.1f}",
+            f"{e['rejected']['mean']:.1f}",
+            f"{e['mean_limit']['mean']:.1f}",
+        )
+    return t
+
+
 def overall_table(data: dict) -> Table:
+    if has_contracts(data):
+        return contract_overall_table(data)
     t = _table(
         "all tenants",
         [
@@ -82,7 +138,39 @@ def overall_table(data: dict) -> Table:
     return t
 
 
+def contract_tenant_table(data: dict) -> Table:
+    """The per-tenant table where the tenants have contracts: goodput and attainment, then the in-contract
+    attainment against the promise ("—" for a tenant without a contract), then latency."""
+    t = _table(
+        "per tenant",
+        ["tenant", "policy", "goodput\nreq/s", "attainment", "in contract\nattainment", "p", "promise", "met",
+         "TTFT\np99 s", "TPOT\np99 ms"],
+    )
+    pols = data["policies"]
+    tenants = list(next(iter(pols.values()))["tenants"])
+    for ti, tenant in enumerate(tenants):
+        for pi, (name, e) in enumerate(pols.items()):
+            te = e["tenants"][tenant]
+            promised = "contract" in te and "contract_attainment" in te
+            t.add_row(
+                tenant if pi == 0 else "",
+                name,
+                _pm(te["goodput_rps"], 3),
+                f"{te['attainment']['mean']:.3f}",
+                _pm(te["contract_attainment"], 3) if promised else "—",
+                _p(te["p_value_vs_first"]["contract_attainment"], pi == 0) if promised else "—",
+                f"{te['contract']['attainment']:g}" if promised else "—",
+                ("yes" if meets(te) else "no") if promised else "—",
+                f"{te['ttft_p99_s']['mean']:.2f}",
+                f"{1000 * te['tpot_p99_s']['mean']:.1f}",
+                end_section=pi == len(pols) - 1 and ti < len(tenants) - 1,
+            )
+    return t
+
+
 def tenant_table(data: dict) -> Table:
+    if has_contracts(data):
+        return contract_tenant_table(data)
     t = _table(
         "per tenant",
         ["tenant", "policy", "goodput\nreq/s", "p", "attainment", "p", "TTFT\np99 s", "TPOT\np99 ms"],
@@ -110,6 +198,15 @@ def tenant_table(data: dict) -> Table:
 def verdict_table(data: dict) -> Table:
     """Each policy's verdict against the first policy and why (evaluate/verdict.py)."""
     base = next(iter(data["policies"]))
+    if has_contracts(data):
+        title = (f"verdict vs {base}: wins = goodput higher at p < 0.05 and every contract {base} meets met;\n"
+                 f"loses = goodput lower at p < 0.05 or a contract {base} meets broken (its in-contract "
+                 "attainment\nlower at p < 0.05); otherwise ties")
+        t = _table(title, ["policy", "verdict", "why"], wrap=("why",))
+        for name, v in verdicts(data).items():
+            if v is not None:
+                t.add_row(name, v.outcome, "; ".join(v.reasons))
+        return t
     t = _table(
         f"verdict vs {base}: wins = goodput higher at p < 0.05 and no tenant's attainment lower by > 0.01 at\n"
         "p < 0.05; loses = goodput lower at p < 0.05 or a tenant's attainment lower so; otherwise ties",
@@ -125,11 +222,19 @@ def verdict_table(data: dict) -> Table:
 def header_lines(data: dict) -> list[str]:
     """What the tables' figures are, above them."""
     base = next(iter(data["policies"]))
-    return [
+    lines = [
         f"{data['scenario']}{_horizon(data)}, {data['seeds']} seeds: mean ±95% CI; p = paired Wilcoxon (two-sided, "
         f"by seed) vs {base}",
         "attainment = good / arrived; worst tenant = lowest attainment; Jain over attainments; drops = queue timeouts",
     ]
+    if has_contracts(data):
+        lines[1] = "attainment = good / arrived; worst tenant = lowest attainment; drops = queue timeouts"
+        lines += [
+            "met = contracts met, k/n: a contract is met when its mean in-contract attainment over the seeds reaches",
+            "its promise; shortfall = in-contract requests short of the promise per episode; in contract attainment =",
+            "good / arrived in contract; Jain share = Jain over the contracted tenants' good service / contract rate",
+        ]
+    return lines
 
 
 def print_table(data: dict, console: Console | None = None) -> None:
@@ -149,7 +254,11 @@ def pareto_plot(data: dict, path: str | Path) -> None:
     """Goodput vs the worst tenant's attainment, one point per policy with 95% CI whiskers on both; up and to
     the right is better. The first policy (the baseline) is drawn as a square, the policies no other one beats
     on both means are joined by a dashed line (the frontier of the means; the whiskers say how sure it is).
-    The attainment whiskers are clipped to [0, 1], where a Student t interval of few seeds can overshoot."""
+    The attainment whiskers are clipped to [0, 1], where a Student t interval of few seeds can overshoot.
+    Where the tenants have contracts, `contract_plot` draws goodput against the contract shortfall instead."""
+    if has_contracts(data):
+        contract_plot(data, path)
+        return
     import matplotlib
 
     matplotlib.use("Agg")
@@ -179,6 +288,43 @@ def pareto_plot(data: dict, path: str | Path) -> None:
     if len(front) > 1:
         ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="gray", alpha=0.5, linewidth=1)
     ax.set_xlabel("worst tenant's attainment (good / arrived)  — higher is better")
+    ax.set_ylabel("goodput (good req/s)  — higher is better")
+    ax.set_title(f"{data['scenario']}: {data['seeds']} seeds, mean and 95% CI; square: {next(iter(pols))}", fontsize=9)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def contract_plot(data: dict, path: str | Path) -> None:
+    """Goodput vs the contract shortfall (in-contract requests short of the promise per episode, its axis
+    reversed so that up and to the right is better, as in `pareto_plot`), one point per policy with 95% CI
+    whiskers, each named with its contracts met (k/n); the baseline a square, the frontier of the means
+    dashed. The shortfall whiskers are clipped at 0."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    pols = data["policies"]
+    pts = {n: (e["contract_shortfall"]["mean"], e["goodput_rps"]["mean"]) for n, e in pols.items()}
+    fig, ax = plt.subplots(figsize=(6.4, 4.8), dpi=120)
+    for i, (name, e) in enumerate(pols.items()):
+        x, y = pts[name]
+        sf, gp = [max(v, 0.0) for v in e["contract_shortfall"]["ci95"]], e["goodput_rps"]["ci95"]
+        ax.errorbar(x, y, xerr=[[x - sf[0]], [sf[1] - x]], yerr=[[y - gp[0]], [gp[1] - y]], fmt="none",
+                    ecolor="gray", alpha=0.6, capsize=3)
+        ax.scatter([x], [y], marker="s" if i == 0 else "o", s=50 if i == 0 else 30, alpha=0.8, label=name)
+        ax.annotate(f"{name} ({_met(e)} met)", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
+    front = sorted(
+        (p for n, p in pts.items() if not any(q[0] <= p[0] and q[1] >= p[1] and q != p for q in pts.values())),
+    )
+    if len(front) > 1:
+        ax.plot([p[0] for p in front], [p[1] for p in front], "--", color="gray", alpha=0.5, linewidth=1)
+    ax.invert_xaxis()
+    ax.set_xlabel("contract shortfall (in-contract requests short of the promise)  — lower is better")
     ax.set_ylabel("goodput (good req/s)  — higher is better")
     ax.set_title(f"{data['scenario']}: {data['seeds']} seeds, mean and 95% CI; square: {next(iter(pols))}", fontsize=9)
     ax.grid(alpha=0.3)

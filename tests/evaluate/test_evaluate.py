@@ -599,3 +599,56 @@ def test_without_contracts_the_verdict_is_the_attainment_rule():
     assert not has_contracts({"policies": {"static": base}})
     # shedding batch with more goodput loses by the attainment rule, where there are no contracts
     assert verdict(_judged(5.4, 0.002, {"chat": (0.86, 0.001), "batch": (0.5, 0.001)}), base).outcome == "loses"
+
+
+TIGHT = {"chat": {"requests_per_s": 1.5, "burst": 5, "attainment": 0.95},
+         "agent": {"tokens_per_s": 6000, "burst": 20000, "attainment": 0.9}}
+
+
+@pytest.fixture(scope="module")
+def contract_eval() -> dict:
+    """h200-live-small with a contract on each tenant that one slot per tenant (static:1) breaks and sixteen
+    (static:16) keep, six seeds (the fewest at which a paired test can decide)."""
+    from admit.envs.scenario import parse_scenario
+
+    data = load_scenario("h200-live-small").model_dump(exclude_none=True)
+    for t in data["tenants"]:
+        t["contract"] = TIGHT[t["name"]]
+    sc = parse_scenario(data, "h200-live-small with contracts")
+    return evaluate(sc, ["static:16", "static:1"], seeds=6).to_json()
+
+
+def test_an_evaluation_with_contracts_reports_the_promises_and_judges_by_them(contract_eval, tmp_path):
+    from admit.evaluate.offline import CONTRACT_METRICS
+    from admit.evaluate.report import pareto_plot, print_table
+    from admit.evaluate.verdict import contracts_met, verdicts
+    from rich.console import Console
+
+    data = contract_eval
+    base, one = data["policies"]["static:16"], data["policies"]["static:1"]
+    for m in CONTRACT_METRICS:
+        assert len(one[m]["values"]) == 6, m
+    assert contracts_met(base) == (2, 2) and contracts_met(one) == (0, 2)
+    assert 0 < one["jain_share"]["mean"] <= 1 and base["jain_share"]["mean"] > one["jain_share"]["mean"]
+    v = verdicts(data)["static:1"]
+    assert v is not None and v.outcome == "loses"
+    assert any(r.startswith("chat's contract broken") for r in v.reasons)
+
+    console = Console(record=True, width=120)
+    print_table(data, console)
+    text = console.export_text()
+    lines = text.splitlines()
+    assert max(len(line.rstrip()) for line in lines) <= 120
+    # the overall table leads with the contracts met and the shortfall, then goodput, then Jain over shares
+    head = next(i for i, line in enumerate(lines) if line.lstrip().startswith("policy"))
+    upper, lower = lines[head - 1], lines[head]
+    columns = [max(upper.find(w), lower.find(w)) for w in ("met", "shortfall", "goodput", "share", "attainment")]
+    assert min(columns) > 0 and columns == sorted(columns)
+    assert re.search(r"^ static:16\s+2/2\s", text, re.M) and re.search(r"^ static:1\s+0/2\s", text, re.M)
+    # per tenant: the in-contract attainment, the promise and whether it is met
+    assert "in contract" in text and re.search(r"^ chat\s+static:16 .* 0\.95\s+yes ", text, re.M)
+    assert re.search(r"^\s+static:1 .* 0\.9\s+no ", text, re.M)
+    assert re.search(r"^ static:1\s+loses\s+goodput -\d.*chat's contract broken", text, re.M)
+    assert "every contract static:16 meets met" in text
+    pareto_plot(data, tmp_path / "c.png")
+    assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
