@@ -39,6 +39,7 @@ from admit.envs.simulation import (
     decision_count,
     draw_request_columns,
     episode_metrics,
+    in_contract,
     tenant_metrics,
 )
 
@@ -74,6 +75,8 @@ class CompiledSimulation:
         ri[:, K.TEN] = tenant
         ri[:, K.PROMPT] = prompt
         ri[:, K.OUT] = output
+        inside = in_contract(scenario, tenant, times, prompt, output)  # every request, without contracts
+        ri[:, K.INC] = inside
         rf = np.full((N, K.NRF), math.nan)
         rf[:, K.ARR] = times
         rf[:, K.USVC] = u_service
@@ -128,9 +131,11 @@ class CompiledSimulation:
                    dense,
                    np.zeros(cap, dtype=np.int64))  # front
 
-        # ---- admission queues and telemetry windows: one region per tenant in each flat array
+        # ---- admission queues and telemetry windows: one region per tenant in each flat array; in the queues'
+        # array, the tenant's region holds its in-contract queue and then its excess queue
         counts = np.bincount(tenant, minlength=n) if N else np.zeros(n, dtype=np.int64)
         base = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
+        n_inside = np.bincount(tenant[inside], minlength=n) if N else np.zeros(n, dtype=np.int64)
         self._base = base
         lim = scenario.limits
         ai = np.zeros((n, K.NAI), dtype=np.int64)
@@ -141,6 +146,7 @@ class CompiledSimulation:
             ai[k, K.A_LIMIT] = lim.initial
             ai[k, K.A_MAXQ] = scenario.max_queue(k)
             ai[k, K.A_QH] = ai[k, K.A_QT] = base[k]
+            ai[k, K.A_XH] = ai[k, K.A_XT] = base[k] + n_inside[k]
             af[k] = scenario.queue_timeout(k)
             wi[k, :8] = base[k]
             wi[k, K.W_SHI] = base[k]

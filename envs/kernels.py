@@ -16,8 +16,10 @@ why; the comments here say only where the representation differs:
   on removal, as a dict keeps order), the partially prefilled ones (``part``), the engine's waiting deque
   (a ring buffer, ``wait``), the lockstep heap (``heap``, entries ``(key, order, request)``; keys and
   orders are unique pairs, so it pops in heapq's order).
-* Each tenant's admission queue and its four telemetry windows hold every request at most once, so each is
-  a region of a flat array (the tenant's requests' count long) with a head and a tail.
+* Each tenant's two admission queues (in contract, excess) and its four telemetry windows hold every
+  request at most once, so each is a region of a flat array with a head and a tail: a window's region is
+  the tenant's requests' count long, its in-contract queue's the count of its in-contract requests, and its
+  excess queue's the rest (a request's class, ``ri[r, INC]``, is decided before the run).
 
 The state is two tuples of arrays, ``E`` (engine) and ``S`` (the world around it), built by
 ``envs.compiled.CompiledSimulation``; the column and scalar names below index them.
@@ -48,8 +50,8 @@ def inlined(fn: F) -> F:
     return _njit(cache=True, _nrt=False, inline="always")(fn)
 
 # ---- ri: per-request integers
-TEN, PROMPT, OUT, COMP, GEN, PRE, ORDER, SC, SBLK, SLOCK, RUN, WDEC = range(12)
-NRI = 12
+TEN, PROMPT, OUT, COMP, GEN, PRE, ORDER, SC, SBLK, SLOCK, RUN, WDEC, INC = range(13)
+NRI = 13  # INC: 1 when the request is in its tenant's contract (every request of a tenant without one)
 # ---- rf: per-request floats
 ARR, DISP, FSCHED, FTOK, FIN, QDL, QENQ, SFIN, USVC, RDY = range(10)
 NRF = 10  # SFIN, USVC: the slot engine's planned finish and the request's service draw; RDY: when it leaves the
@@ -67,8 +69,8 @@ KIND_TOKEN, KIND_SLOT = 0, 1
 NEF = 15  # F_FLOOR_Q = floor ** knee and F_INV_Q = 1 / knee, computed once (the same numbers every step);
 # F_MEAN: the slot engine's mean service time; F_FRONT: the token engine's front-end delay
 # ---- ai: per-tenant admission state
-A_LIMIT, A_MAXQ, A_INFL, A_QH, A_QT, A_ADM, A_REJ, A_DROP = range(8)
-NAI = 8
+A_LIMIT, A_MAXQ, A_INFL, A_QH, A_QT, A_ADM, A_REJ, A_DROP, A_XH, A_XT = range(10)
+NAI = 10  # A_QH, A_QT: the in-contract queue ``qbuf[head:tail]``; A_XH, A_XT: the excess queue
 # ---- si / sf: world scalars
 S_NEXT, S_QUEUED, S_NLATE, S_NREQ = range(4)
 NSI = 6  # and the preemption ring's head and length
@@ -873,6 +875,10 @@ def next_deadline(S, ri, rf):
             d = rf[qbuf[ai[k, A_QH]], QDL]
             if d < best:
                 best = d
+        if ai[k, A_XT] > ai[k, A_XH]:
+            d = rf[qbuf[ai[k, A_XH]], QDL]
+            if d < best:
+                best = d
     return best
 
 
@@ -883,19 +889,26 @@ def _dispatch_one(S, rf, k, now):
     qbuf = S[2]
     late = S[3]
     si = S[4]
-    while ai[k, A_QT] > ai[k, A_QH]:
-        r = qbuf[ai[k, A_QH]]
-        ai[k, A_QH] += 1
-        si[S_QUEUED] -= 1
-        if rf[r, QDL] < now:
-            ai[k, A_DROP] += 1
-            late[si[S_NLATE]] = r
-            si[S_NLATE] += 1
-            continue
-        ai[k, A_INFL] += 1
-        ai[k, A_ADM] += 1
-        return r
+    for head, tail in ((A_QH, A_QT), (A_XH, A_XT)):
+        while ai[k, tail] > ai[k, head]:
+            r = qbuf[ai[k, head]]
+            ai[k, head] += 1
+            si[S_QUEUED] -= 1
+            if rf[r, QDL] < now:
+                ai[k, A_DROP] += 1
+                late[si[S_NLATE]] = r
+                si[S_NLATE] += 1
+                continue
+            ai[k, A_INFL] += 1
+            ai[k, A_ADM] += 1
+            return r
     return -1
+
+
+@inlined
+def _queued(ai, k):
+    """Items in tenant ``k``'s two queues together."""
+    return ai[k, A_QT] - ai[k, A_QH] + ai[k, A_XT] - ai[k, A_XH]
 
 
 @inlined
@@ -914,7 +927,7 @@ def set_limit(E, S, k, limit):
     """``AdmissionCore.set_limit`` and the dispatches it causes (``Simulation.apply_deltas``)."""
     ai = S[0]
     ai[k, A_LIMIT] = limit
-    if ai[k, A_QT] > ai[k, A_QH] and ai[k, A_INFL] < limit:
+    if _queued(ai, k) > 0 and ai[k, A_INFL] < limit:
         now = S[5][S_NOW]
         while ai[k, A_INFL] < limit:
             r = _dispatch_one(S, E[1], k, now)
@@ -964,12 +977,13 @@ def _expire(S, ri, rf):
         _drop(S, ri, late[j], now)
     si[S_NLATE] = 0
     for k in range(ai.shape[0]):
-        while ai[k, A_QT] > ai[k, A_QH] and rf[qbuf[ai[k, A_QH]], QDL] <= now:
-            r = qbuf[ai[k, A_QH]]
-            ai[k, A_QH] += 1
-            si[S_QUEUED] -= 1
-            ai[k, A_DROP] += 1
-            _drop(S, ri, r, now)
+        for head, tail in ((A_QH, A_QT), (A_XH, A_XT)):
+            while ai[k, tail] > ai[k, head] and rf[qbuf[ai[k, head]], QDL] <= now:
+                r = qbuf[ai[k, head]]
+                ai[k, head] += 1
+                si[S_QUEUED] -= 1
+                ai[k, A_DROP] += 1
+                _drop(S, ri, r, now)
 
 
 @inlined
@@ -990,12 +1004,13 @@ def _arrive(E, S, r, t):
     tot[k, T_ARRIVED] += 1
     _window_push(wa, wi, k, W_AT, t)
     # AdmissionCore.offer
-    if ai[k, A_INFL] < ai[k, A_LIMIT] and ai[k, A_QT] == ai[k, A_QH]:
+    depth = _queued(ai, k)
+    if ai[k, A_INFL] < ai[k, A_LIMIT] and depth == 0:
         ai[k, A_INFL] += 1
         ai[k, A_ADM] += 1
         rf[r, DISP] = t
         engine_submit(E, r, t)
-    elif ai[k, A_QT] - ai[k, A_QH] >= ai[k, A_MAXQ]:
+    elif depth >= ai[k, A_MAXQ]:
         ai[k, A_REJ] += 1
         tot[k, T_REJECTED] += 1
         _window_push(wr, wi, k, W_RT, t)
@@ -1003,8 +1018,9 @@ def _arrive(E, S, r, t):
         now = sf[S_NOW]
         rf[r, QDL] = now + af[k]
         rf[r, QENQ] = now
-        qbuf[ai[k, A_QT]] = r
-        ai[k, A_QT] += 1
+        tail = A_QT if ri[r, INC] else A_XT
+        qbuf[ai[k, tail]] = r
+        ai[k, tail] += 1
         si[S_QUEUED] += 1
         qtok[k] += ri[r, PROMPT]
 
@@ -1045,7 +1061,7 @@ def _finish(E, S, r, t):
     if ai[k, A_INFL] <= 0:
         raise RuntimeError("release() with nothing in flight (bug)")
     ai[k, A_INFL] -= 1
-    if ai[k, A_QT] > ai[k, A_QH] and ai[k, A_INFL] < ai[k, A_LIMIT]:
+    if _queued(ai, k) > 0 and ai[k, A_INFL] < ai[k, A_LIMIT]:
         nxt = _dispatch_one(S, rf, k, sf[S_NOW])
         if nxt >= 0:
             _dispatch(E, S, nxt)
@@ -1349,7 +1365,7 @@ def observe(E, S, out):
     out[3] = s
     for k in range(nt):
         at = base + k * N_TENANT
-        out[at] = float(ai[k, A_QT] - ai[k, A_QH])
+        out[at] = float(_queued(ai, k))
         out[at + 1] = float(ai[k, A_INFL])
         out[at + 2] = float(ai[k, A_LIMIT])
         _window_summary(S, k, now, out, at + 3)

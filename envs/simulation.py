@@ -14,6 +14,9 @@ core/loop.py's one decision loop (observe → act → validate → apply → one
 
 The requests are the scenario's draws for the seed (``draw_requests``) unless the caller hands the
 simulation its own (``Simulation(scenario, seed, requests=...)``, as sim2live does with the replayed ones).
+Where a tenant has a contract, each of its requests is classified in or out of contract before the run, on
+the arrivals alone (``in_contract``: core/contract.py's envelope, as the gateway classifies at arrival), and
+the admission core queues its in-contract requests before its excess.
 """
 
 from __future__ import annotations
@@ -28,6 +31,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
+from admit.core.contract import classify
 from admit.core.controller import Controller
 from admit.core.loop import OnDecision, RunStats, run_loop
 from admit.core.observation import Observation
@@ -152,6 +156,19 @@ def draw_request_columns(scenario: Scenario, seed: int) -> tuple[np.ndarray, ...
     return (all_t[order], *(np.concatenate(c)[order] for c in (tenant_ix, prompt, output, u)))
 
 
+def in_contract(scenario: Scenario, tenant: np.ndarray, arrival: np.ndarray, prompt: np.ndarray,
+                output: np.ndarray) -> np.ndarray:
+    """Per request (columns in arrival order), whether it is in its tenant's contract: core/contract.py's
+    ``classify`` on each tenant's requests, from their arrivals and sizes alone. Every request of a tenant
+    without a contract counts as in contract (the admission core then has one queue for it)."""
+    flags = np.ones(len(tenant), dtype=bool)
+    for k, t in enumerate(scenario.tenants):
+        if t.contract is not None:
+            mine = np.flatnonzero(tenant == k)
+            flags[mine] = classify(t.contract, arrival[mine], prompt[mine], output[mine])
+    return flags
+
+
 def draw_requests(scenario: Scenario, seed: int) -> list[Request]:
     """The scenario's requests for ``seed``, in arrival order (``draw_request_columns`` as Request objects):
     what an episode on it serves."""
@@ -213,6 +230,11 @@ class Simulation:
         # --- workload: the seed's draws, or the caller's requests
         self._requests = draw_requests(scenario, self.seed) if requests is None else _fresh_requests(requests, n)
         self._next = 0
+        # per request, in arrival order: whether it is in its tenant's contract (all of them without contracts)
+        self._in_contract: list[bool] = [True] * len(self._requests)
+        if scenario.has_contracts:
+            c = RequestColumns.of(self._requests)
+            self._in_contract = in_contract(scenario, c.tenant, c.arrival, c.prompt, c.output).tolist()
 
         # --- the server and the admission core in front of it
         self.engine = make_engine(scenario)
@@ -362,6 +384,7 @@ class Simulation:
         next_deadline = core.next_deadline
         finish = self._finish
         arrive = self._arrive
+        inside = self._in_contract
         inf = math.inf
         i = self._next
         ta = reqs[i].arrival if i < n else inf
@@ -384,18 +407,19 @@ class Simulation:
                     self._drop(tenant, r, t)
             else:
                 r = reqs[i]
+                inc = inside[i]
                 i += 1
                 self._next = i
                 ta = reqs[i].arrival if i < n else inf
-                arrive(r, t)
+                arrive(r, t, inc)
         self.now = until
 
-    def _arrive(self, r: Request, t: float) -> None:
+    def _arrive(self, r: Request, t: float, in_contract: bool) -> None:
         k = r.tenant
         tot = self.totals[k] if r.arrival >= self.warmup_s else self.warmup_totals[k]
         tot.arrived += 1
         self.windows[k].on_arrival(t)
-        res = self.core.offer(k, r)
+        res = self.core.offer(k, r, in_contract)
         if res is Offer.ADMITTED:
             r.dispatched = t
             self.engine.submit(r, t)

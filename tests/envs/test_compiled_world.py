@@ -4,7 +4,9 @@ The claim is bit-identical episodes: the same observation vectors, interval coun
 tenant summaries and request timestamps, decision by decision, under random actions that push limits to
 both bounds. The scenarios are chosen to reach every path of the kernels: macro-steps (h200-mixed), heavy
 KV preemption (long-context-chat and a family instance), queue timeouts and rejections (servegen-skewed's
-queues under low limits), many tenants (servegen-skewed, 8).
+queues under low limits), many tenants (servegen-skewed, 8), and contracts, whose in-contract requests
+overtake the same tenant's queued excess (``CONTRACTS``: contracts below the tenants' rates, so a good part
+of their requests is excess).
 """
 
 from __future__ import annotations
@@ -20,22 +22,40 @@ from admit.agents.registry import make_controller
 from admit.core.loop import run_loop
 from admit.core.observation import Observation
 from admit.envs.compiled import CompiledSimulation, _rule_of, make_simulation
-from admit.envs.scenario import Scenario, load_scenario
-from admit.envs.simulation import SimulatedWorld, Simulation, decision_count
+from admit.envs.scenario import Scenario, load_scenario, parse_scenario
+from admit.envs.simulation import SimulatedWorld, Simulation, decision_count, in_contract
 
 CPU_DUO = Path(__file__).resolve().parents[2] / "live" / "scenarios" / "cpu-smollm2-duo.yaml"
 
 
-def _scenario(name: str, horizon_s: float, max_queue: int | None = None, **update: float) -> Scenario:
+# per scenario, contracts on some of its tenants (the others send everything in their one queue)
+CONTRACTS: dict[str, dict[str, dict[str, float]]] = {
+    "seed-paper": {"bursty": {"requests_per_s": 0.1, "burst": 3, "attainment": 0.9}},
+    "h200-mixed": {"chat": {"requests_per_s": 1.2, "burst": 4, "attainment": 0.95},
+                   "agent": {"tokens_per_s": 3000, "burst": 8000, "attainment": 0.9}},
+    "servegen-skewed": {"client-61": {"requests_per_s": 0.2, "burst": 2, "attainment": 0.9},
+                        "client-143": {"tokens_per_s": 500, "burst": 2000, "attainment": 0.9},
+                        "client-34": {"requests_per_s": 0.05, "burst": 1, "attainment": 0.5}},
+}
+
+
+def _scenario(name: str, horizon_s: float, max_queue: int | None = None, contracts: bool = False,
+              **update: float) -> Scenario:
     sc = load_scenario(name).model_copy(update={"horizon_s": horizon_s, **update})
     if max_queue is not None:  # short queues: offers are rejected as well as timed out
         sc = sc.model_copy(update={"admission": sc.admission.model_copy(update={"max_queue": max_queue})})
+    if contracts:
+        data = sc.model_dump(exclude_none=True)
+        for t in data["tenants"]:
+            if t["name"] in CONTRACTS[name]:
+                t["contract"] = CONTRACTS[name][t["name"]]
+        sc = parse_scenario(data, f"{name} with contracts")
     return sc
 
 
-def _random_episode(name: str, seed: int, horizon_s: float, max_queue: int | None = None,
+def _random_episode(name: str, seed: int, horizon_s: float, max_queue: int | None = None, contracts: bool = False,
                     **update: float) -> tuple[Simulation, CompiledSimulation, int]:
-    sc = _scenario(name, horizon_s, max_queue, **update)
+    sc = _scenario(name, horizon_s, max_queue, contracts, **update)
     py, cw = Simulation(sc, seed), CompiledSimulation(sc, seed)
     rng = np.random.default_rng(seed)
     k = sc.limits.max_step
@@ -65,19 +85,23 @@ def _random_episode(name: str, seed: int, horizon_s: float, max_queue: int | Non
     return py, cw, steps
 
 
-@pytest.mark.parametrize(("name", "seed", "horizon_s", "max_queue"), [
-    ("seed-paper", 0, 1800.0, None),  # the slot engine
-    ("seed-paper", 5, 1800.0, 2),
-    ("h200-mixed", 0, 600.0, None),
-    ("long-context-chat", 3, 600.0, None),
-    ("h200-mix@5", 3, 600.0, None),
-    ("h200-mix@11002", 1, 600.0, None),
-    ("servegen-skewed", 1, 300.0, None),
-    ("servegen-skewed", 2, 300.0, 3),
-    (str(CPU_DUO), 4, 300.0, None),  # the cpu-smollm2 preset: a front-end delay (preset.frontend_delay_s)
+@pytest.mark.parametrize(("name", "seed", "horizon_s", "max_queue", "contracts"), [
+    ("seed-paper", 0, 1800.0, None, False),  # the slot engine
+    ("seed-paper", 5, 1800.0, 2, False),
+    ("h200-mixed", 0, 600.0, None, False),
+    ("long-context-chat", 3, 600.0, None, False),
+    ("h200-mix@5", 3, 600.0, None, False),
+    ("h200-mix@11002", 1, 600.0, None, False),
+    ("servegen-skewed", 1, 300.0, None, False),
+    ("servegen-skewed", 2, 300.0, 3, False),
+    (str(CPU_DUO), 4, 300.0, None, False),  # the cpu-smollm2 preset: a front-end delay (preset.frontend_delay_s)
+    ("seed-paper", 0, 1800.0, None, True),  # contracts: two classes in each queue
+    ("h200-mixed", 0, 600.0, None, True),
+    ("servegen-skewed", 2, 300.0, 3, True),
 ])
-def test_random_episode_is_bit_identical(name: str, seed: int, horizon_s: float, max_queue: int | None) -> None:
-    py, cw, steps = _random_episode(name, seed, horizon_s, max_queue)
+def test_random_episode_is_bit_identical(name: str, seed: int, horizon_s: float, max_queue: int | None,
+                                         contracts: bool) -> None:
+    py, cw, steps = _random_episode(name, seed, horizon_s, max_queue, contracts)
     assert steps > 100
     assert py.summary() == cw.summary()
     assert py.tenant_summary() == cw.tenant_summary()
@@ -111,6 +135,28 @@ def test_the_paths_the_scenarios_were_chosen_for_are_reached() -> None:
     assert cw.num_preemptions > 50
     assert _random_episode("h200-mix@11002", 1, 600.0)[1].summary()["timeouts"] > 0
     assert _random_episode("servegen-skewed", 2, 300.0, 3)[1].summary()["rejected"] > 0
+    for name, seed, horizon_s, max_queue in (("seed-paper", 0, 1800.0, None), ("h200-mixed", 0, 600.0, None),
+                                             ("servegen-skewed", 2, 300.0, 3)):
+        assert _overtaken(*_random_episode(name, seed, horizon_s, max_queue, True)[:2]) > 0, name
+
+
+def _overtaken(py: Simulation, cw: CompiledSimulation) -> int:
+    """How many excess requests an in-contract request of the same tenant that arrived after it was dispatched
+    before (the two classes' path), checked equal in both worlds' request records."""
+    cols = cw.request_columns()
+    inside = in_contract(cw.scenario, cols.tenant, cols.arrival, cols.prompt, cols.output)
+    counts = []
+    for reqs in (py.requests, cw.requests):
+        n = 0
+        latest_excess: dict[int, float] = {}  # per tenant: the latest dispatch of an earlier excess request
+        for r, inc in zip(reqs, inside, strict=True):
+            if not inc and not math.isnan(r.dispatched):
+                latest_excess[r.tenant] = max(latest_excess.get(r.tenant, -math.inf), r.dispatched)
+            elif inc and r.dispatched < latest_excess.get(r.tenant, -math.inf):
+                n += 1
+        counts.append(n)
+    assert counts[0] == counts[1]
+    return counts[0]
 
 
 class Recorded(SimulatedWorld):
