@@ -12,7 +12,9 @@ a paired Wilcoxon test against it on seeds 0..N-1 (disjoint from training and tu
 plain ``static`` and the report says so. It writes the JSON next to the report (docs/results/NAME.json),
 a Pareto plot of goodput against the worst tenant's attainment (docs/results/NAME.png), and per scenario
 the overall table led by goodput with each policy's verdict (evaluate/verdict.py: wins, ties or loses), the
-per-tenant goodput, attainment and latency, and for seed-paper the seed study's reproduction: its Pareto
+per-tenant goodput, attainment and latency (where the tenants have contracts, the table leads with the
+contracts met, k/n, and the shortfall, and a per-tenant table gives each in-contract attainment against its
+promise), and for seed-paper the seed study's reproduction: its Pareto
 verdict on throughput, e2e p99 and drops against plain static (docs/reproduction.md), and its plot
 (docs/results/seed-paper-p99.png).
 
@@ -45,7 +47,17 @@ from admit.core.percentiles import linear_np
 from admit.envs.scenario import bundled_scenarios, load_scenario
 from admit.evaluate.offline import METRICS, evaluate, p_values_vs, paired_p
 from admit.evaluate.report import latency_pareto_plot, pareto_plot
-from admit.evaluate.verdict import RULE, Verdict, too_few_seeds, verdict, verdicts
+from admit.evaluate.verdict import (
+    CONTRACT_RULE,
+    RULE,
+    Verdict,
+    contracts_met,
+    has_contracts,
+    meets,
+    too_few_seeds,
+    verdict,
+    verdicts,
+)
 
 DEFAULT_OUT = Path("docs/RESULTS.md")
 REPRODUCTION = "seed-paper"  # the seed study's scenario: its Pareto verdict on e2e p99 is kept there only
@@ -288,8 +300,36 @@ def _shown(pol: str, llm_name: str) -> str:
     return pol if not pol.startswith("llm:") else f"llm ({llm_name or 'LLM'})"
 
 
+def contract_goodput_table(data: dict, llm_name: str = "") -> list[str]:
+    """The overall table where the tenants have contracts: contracts met on the table (k/n) and the shortfall
+    first, then goodput and Jain over share-normalised service, each policy's verdict last."""
+    base = next(iter(data["policies"]))
+    ver = verdicts(data)
+    lines = [
+        f"| policy | contracts met | shortfall | goodput req/s | p | Jain share | attainment | worst tenant | Jain | "
+        f"TTFT p99 s | TPOT p99 ms | e2e p99 s | drops | rejects | mean limit | vs {base} | why |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for i, (pol, e) in enumerate(data["policies"].items()):
+        pv, v = e["p_value_vs_first"], ver[pol]
+        outcome, why = ("baseline", "") if v is None else (f"**{v.outcome}**", "; ".join(v.reasons))
+        k, n = contracts_met(e)
+        lines.append(
+            f"| {_shown(pol, llm_name)} | {k}/{n} | {_ci(e['contract_shortfall'], 1)} | {_ci(e['goodput_rps'], 3)} | "
+            f"{_pv(pv['goodput_rps'], i == 0)} | {e['jain_share']['mean']:.3f} | {e['attainment']['mean']:.3f} | "
+            f"{e['worst_attainment']['mean']:.3f} | {e['jain_attainment']['mean']:.3f} | "
+            f"{e['ttft_p99_s']['mean']:.2f} | {1000 * e['tpot_p99_s']['mean']:.1f} | {e['e2e_p99_s']['mean']:.2f} | "
+            f"{e['timeouts']['mean']:.1f} | {e['rejected']['mean']:.1f} | {e['mean_limit']['mean']:.1f} | "
+            f"{outcome} | {why} |"
+        )
+    return lines
+
+
 def goodput_table(data: dict, llm_name: str = "") -> list[str]:
-    """The overall table: goodput first, each policy's verdict against the first policy last."""
+    """The overall table: goodput first, each policy's verdict against the first policy last (with contracts:
+    `contract_goodput_table`)."""
+    if has_contracts(data):
+        return contract_goodput_table(data, llm_name)
     base = next(iter(data["policies"]))
     ver = verdicts(data)
     lines = [
@@ -328,7 +368,27 @@ def tenant_tables(data: dict, llm_name: str = "") -> list[str]:
         good.append(f"| {_shown(pol, llm_name)} | " + " | ".join(cells) + " |")
         cells = [f"{t['ttft_p99_s']['mean']:.2f} · {1000 * t['tpot_p99_s']['mean']:.1f}" for t in ts]
         lat.append(f"| {_shown(pol, llm_name)} | " + " | ".join(cells) + " |")
-    return [*good, "", *lat]
+    return [*good, "", *lat, *contract_tenant_table(data, llm_name)]
+
+
+def contract_tenant_table(data: dict, llm_name: str = "") -> list[str]:
+    """Per tenant with a contract: in-contract attainment (p vs the baseline) and whether the contract is met on
+    the table, with the promise in the heading; nothing without contracts."""
+    if not has_contracts(data):
+        return []
+    pols = data["policies"]
+    first = next(iter(pols.values()))["tenants"]
+    tenants = [t for t, te in first.items() if "contract" in te and "contract_attainment" in te]
+    head = "| policy | " + " | ".join(f"{t} (≥ {first[t]['contract']['attainment']:g})" for t in tenants) + " |"
+    lines = ["", "Per tenant with a contract (its promised attainment in the heading): in-contract attainment (p vs "
+             "the baseline) · met on the table (mean over the seeds at or above the promise):", "", head,
+             "|---|" + "---|" * len(tenants)]
+    for i, (pol, e) in enumerate(pols.items()):
+        ts = [e["tenants"][t] for t in tenants]
+        cells = [f"{t['contract_attainment']['mean']:.3f} ({_pv(t['p_value_vs_first']['contract_attainment'], i == 0)})"
+                 f" · {'yes' if meets(t) else '**no**'}" for t in ts]
+        lines.append(f"| {_shown(pol, llm_name)} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def reproduction_table(data: dict, llm_name: str = "") -> list[str]:
@@ -375,7 +435,11 @@ def scenario_section(
         f"## {name}",
         "",
         f"{n} seeds ({seeds[0]}–{seeds[-1]}); mean [95% CI]; p = paired Wilcoxon vs `{base}`; attainment = good "
-        "requests / all arrivals; drops = queue timeouts." + (f" {few}" if few else ""),
+        "requests / all arrivals; drops = queue timeouts."
+        + (" Contracts met = k of n tenants whose mean in-contract attainment over the seeds reaches the promise; "
+           "shortfall = in-contract requests short of the promise per episode; Jain share = Jain's index over the "
+           "contracted tenants' good service divided by their contracts' rates." if has_contracts(data) else "")
+        + (f" {few}" if few else ""),
         "",
         *goodput_table(data, llm_name),
         "",
@@ -386,7 +450,8 @@ def scenario_section(
         lines += [*reproduction_table(data, llm_name), ""]
     for note in notes or []:
         lines += [note, ""]
-    lines += [f"![{name}: goodput vs the worst tenant's attainment]({png})", ""]
+    against = "the contract shortfall" if has_contracts(data) else "the worst tenant's attainment"
+    lines += [f"![{name}: goodput vs {against}]({png})", ""]
     if reproduction_png is not None:
         lines += [f"![{name}: throughput vs e2e p99 (the seed study's plot)]({reproduction_png})", ""]
     return "\n".join(lines)
@@ -450,15 +515,22 @@ def verdict_against(data: dict, policy: str, base: str) -> Verdict:
     """``policy``'s verdict with ``base`` as the baseline instead of the table's first policy: the same rule
     (evaluate/verdict.py), its p-values recomputed from the stored per-seed values, paired by seed."""
     e, b = data["policies"][policy], data["policies"][base]
+
+    def tenant(name: str, te: dict) -> dict:
+        bt = b["tenants"][name]
+        out = {"attainment": te["attainment"],
+               "p_value_vs_first": {"attainment": paired_p(te["attainment"]["values"], bt["attainment"]["values"])}}
+        if "contract" in te and "contract_attainment" in te:
+            out["contract"] = te["contract"]
+            out["contract_attainment"] = te["contract_attainment"]
+            out["p_value_vs_first"]["contract_attainment"] = paired_p(te["contract_attainment"]["values"],
+                                                                      bt["contract_attainment"]["values"])
+        return out
+
     entry = {
         "goodput_rps": e["goodput_rps"],
         "p_value_vs_first": {"goodput_rps": paired_p(e["goodput_rps"]["values"], b["goodput_rps"]["values"])},
-        "tenants": {
-            t: {"attainment": te["attainment"],
-                "p_value_vs_first": {"attainment": paired_p(te["attainment"]["values"],
-                                                            b["tenants"][t]["attainment"]["values"])}}
-            for t, te in e["tenants"].items()
-        },
+        "tenants": {t: tenant(t, te) for t, te in e["tenants"].items()},
     }
     return verdict(entry, b)
 
@@ -576,6 +648,7 @@ def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log:
     baselines: list = []
     glance: list[str] = []
     general: dict[str, list[tuple[str, bool, bool]]] = {}
+    contracted: list[str] = []  # the scenarios whose tenants have contracts
     recorded: dict[str, None] = {}  # the policies earlier --rerun runs replaced, as the JSON records them
     for sc in scenarios:
         stem = file_stem(sc)
@@ -616,13 +689,15 @@ def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log:
                 "a call that fails or times out holds too."
             )
             notes.append(llm_log_summary(llm_log))
+        if has_contracts(data):
+            contracted.append(sc)
         sections.append(scenario_section(sc, data, f"results/{stem}.png", notes, llm_name, repro_png))
         glance.append(glance_row(sc, data))
         for policy in BAR_POLICIES:
             row = general_row(sc, data, policy)
             if row is not None:
                 general.setdefault(policy, []).append(row)
-    return sections, timings, baselines, glance, general, list(recorded)
+    return sections, timings, baselines, glance, general, list(recorded), contracted
 
 
 @contextmanager
@@ -685,8 +760,8 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
     runs_on = (f"Ray ({ray})" if ray is not None
                else f"{workers} worker process{'es' if workers > 1 else ''}")
     with llm_settings(res_dir) as llm_log, ray_session(ray, render_only):
-        sections, timings, baselines, glance, general, recorded = _run(seeds, scenarios, workers, res_dir, llm_log,
-                                                                       progress, render_only, rerun, ray)
+        sections, timings, baselines, glance, general, recorded, contracted = _run(
+            seeds, scenarios, workers, res_dir, llm_log, progress, render_only, rerun, ray)
     shown = list(rerun) or recorded  # a re-rendering still names the re-runs its figures come from
     why_path = out.parent / WHY_FILE
     why = why_path.read_text() if why_path.is_file() else None
@@ -707,6 +782,7 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
         "",
         f"The verdict (evaluate/verdict.py), over the {seeds} seeds of each table: {RULE}.",
         "",
+        *([f"On {', '.join(contracted)}, {CONTRACT_RULE}.", ""] if contracted else []),
         f"{REPRODUCTION} also keeps the seed study's verdict, Pareto-dominating plain static on throughput, e2e "
         "p99 and drops (docs/reproduction.md, which argues why nothing can win there).",
         "The policies are described in docs/controllers.md; the PPO policies (`ppo:<scenario>`, one trained per "

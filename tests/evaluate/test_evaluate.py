@@ -652,3 +652,32 @@ def test_an_evaluation_with_contracts_reports_the_promises_and_judges_by_them(co
     assert "every contract static:16 meets met" in text
     pareto_plot(data, tmp_path / "c.png")
     assert (tmp_path / "c.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_results_with_contracts_lead_with_the_promises_and_state_the_rule(contract_eval, monkeypatch, tmp_path):
+    """admit results on a scenario with contracts, rendered from an evaluation's JSON: contracts met and the
+    shortfall lead the table, a per-tenant table gives each in-contract attainment against its promise, the
+    header states the contract rule; a verdict against another policy judges by the contracts too."""
+    import yaml
+    from admit.evaluate import results
+    from admit.evaluate.verdict import CONTRACT_RULE, verdicts
+
+    monkeypatch.delenv("ADMIT_LLM_URL", raising=False)
+    monkeypatch.setattr(results, "skipped", lambda scenario: [])  # nothing to say why, and no static:best tuning
+    raw = load_scenario("h200-live-small").model_dump(exclude_none=True)
+    for t in raw["tenants"]:
+        t["contract"] = TIGHT[t["name"]]
+    path = tmp_path / "small-contracts.yaml"
+    path.write_text(yaml.safe_dump({**raw, "name": "small-contracts"}))
+    out = tmp_path / "docs" / "RESULTS.md"
+    (out.parent / "results").mkdir(parents=True)
+    (out.parent / "results" / "small-contracts.json").write_text(json.dumps(contract_eval))
+    text = results.build(6, [str(path)], 1, out, render_only=True)
+    assert f"On {path}, {CONTRACT_RULE}." in text
+    assert "| policy | contracts met | shortfall | goodput req/s | p | Jain share |" in text
+    assert re.search(r"^\| static:16 \| 2/2 \| 0\.0 \[", text, re.M)
+    assert re.search(r"^\| static:1 \| 0/2 \| .*\| \*\*loses\*\* \| goodput -.*chat's contract broken", text, re.M)
+    assert "| policy | chat (≥ 0.95) | agent (≥ 0.9) |" in text
+    assert re.search(r"^\| static:1 \| 0\.\d{3} \(0\.031\) · \*\*no\*\* \|", text, re.M)
+    assert "goodput vs the contract shortfall" in text
+    assert results.verdict_against(contract_eval, "static:1", "static:16") == verdicts(contract_eval)["static:1"]
