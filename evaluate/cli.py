@@ -19,7 +19,9 @@ def evaluate(
     seeds: int = typer.Option(20, min=1, help="number of evaluation seeds"),
     seed_base: int = typer.Option(0, help="first seed; seeds are seed_base .. seed_base+seeds-1"),
     out: Path = typer.Option(Path("results.json"), help="where to write the JSON results"),
-    plot: Path | None = typer.Option(None, help="write a Pareto plot here: goodput vs the worst tenant's attainment"),
+    plot: Path | None = typer.Option(
+        None, help="write a Pareto plot here: goodput vs the worst tenant's attainment (with contracts: vs the "
+        "contract shortfall)"),
     workers: int = typer.Option(1, min=1, help="worker processes"),
     horizon_s: float | None = typer.Option(
         None, min=1.0, help="simulated seconds per episode instead of the scenario's horizon (a quicker look)"

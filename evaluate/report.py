@@ -84,10 +84,10 @@ def contract_overall_table(data: dict) -> Table:
         t.add_row(
             name,
             _met(e),
-            _pm(e["contract_shortfall"], 1),
+            _pm(e["contract_shortfall"], 1) if "contract_shortfall" in e else "—",  # a live run may lack it
             _pm(e["goodput_rps"], 3),
             _p(pv["goodput_rps"], i == 0),
-            f"{e['jain_share']['mean']:.3f}",
+            f"{e['jain_share']['mean']:.3f}" if "jain_share" in e else "—",
             f"{e['attainment']['mean']:.3f}",
             f"{e['worst_attainment']['mean']:.3f}",
             f"{e['ttft_p99_s']['mean']:.2f}",
@@ -256,7 +256,7 @@ def pareto_plot(data: dict, path: str | Path) -> None:
     on both means are joined by a dashed line (the frontier of the means; the whiskers say how sure it is).
     The attainment whiskers are clipped to [0, 1], where a Student t interval of few seeds can overshoot.
     Where the tenants have contracts, `contract_plot` draws goodput against the contract shortfall instead."""
-    if has_contracts(data):
+    if has_contracts(data) and all("contract_shortfall" in e for e in data["policies"].values()):
         contract_plot(data, path)
         return
     import matplotlib

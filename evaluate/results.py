@@ -314,9 +314,11 @@ def contract_goodput_table(data: dict, llm_name: str = "") -> list[str]:
         pv, v = e["p_value_vs_first"], ver[pol]
         outcome, why = ("baseline", "") if v is None else (f"**{v.outcome}**", "; ".join(v.reasons))
         k, n = contracts_met(e)
+        short = _ci(e["contract_shortfall"], 1) if "contract_shortfall" in e else "—"  # a live run may lack it
+        share = f"{e['jain_share']['mean']:.3f}" if "jain_share" in e else "—"
         lines.append(
-            f"| {_shown(pol, llm_name)} | {k}/{n} | {_ci(e['contract_shortfall'], 1)} | {_ci(e['goodput_rps'], 3)} | "
-            f"{_pv(pv['goodput_rps'], i == 0)} | {e['jain_share']['mean']:.3f} | {e['attainment']['mean']:.3f} | "
+            f"| {_shown(pol, llm_name)} | {k}/{n} | {short} | {_ci(e['goodput_rps'], 3)} | "
+            f"{_pv(pv['goodput_rps'], i == 0)} | {share} | {e['attainment']['mean']:.3f} | "
             f"{e['worst_attainment']['mean']:.3f} | {e['jain_attainment']['mean']:.3f} | "
             f"{e['ttft_p99_s']['mean']:.2f} | {1000 * e['tpot_p99_s']['mean']:.1f} | {e['e2e_p99_s']['mean']:.2f} | "
             f"{e['timeouts']['mean']:.1f} | {e['rejected']['mean']:.1f} | {e['mean_limit']['mean']:.1f} | "
