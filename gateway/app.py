@@ -504,8 +504,10 @@ class Gateway:
             if asked:  # that script found no free slot: wait in the queue without asking Redis again
                 assert self.shared_admission is not None
                 lease = await self.shared_admission.acquire(tenant, asked=True)
-            elif lease is None:
-                lease = await self.admission.acquire(tenant)
+            elif lease is None:  # with contracts the backend is in process (the config refuses them with Redis)
+                adm = self.admission
+                lease = await (adm.acquire(tenant, rec.in_contract is not False) if isinstance(adm, LocalAdmission)
+                               else adm.acquire(tenant))
         except Deferred as d:
             if charge is not None:
                 self.book.refund(charge, self.clock())

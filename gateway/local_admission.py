@@ -3,7 +3,9 @@
 Each request offers a future to the core. ADMITTED returns a lease at once, REJECTED defers with
 ``queue-full``; QUEUED awaits the future, which the gateway resolves when a released slot (or a raised
 limit) dispatches it, or fails with ``ttl-expired`` when a timer calls ``expire()`` at ``next_deadline()``.
-Every core call is synchronous on the loop thread, so decisions are atomic.
+Every core call is synchronous on the loop thread, so decisions are atomic. A request out of its tenant's
+contract (``acquire(..., in_contract=False)``) waits in the tenant's excess queue, which a freed slot serves
+only when no in-contract request of the tenant waits (core/admission.py).
 
 **Work-conserving sharing** (``capacity`` set): the core's per-tenant limit becomes the *effective* limit
 that the gateway recomputes after every event, so that the backend never holds more than ``capacity``
@@ -51,9 +53,12 @@ class LocalAdmission(TenantSlots):
             self._rebalance()
 
     # ----------------------------------------------------------------- leases
-    async def acquire(self, tenant: int) -> Lease:
+    async def acquire(self, tenant: int, in_contract: bool = True) -> Lease:
+        """A lease for one request of ``tenant``, at once or after a wait in its queue (``in_contract``: the
+        in-contract queue, served first; else the excess one); raises Deferred when the queue is full or the
+        wait times out."""
         fut: asyncio.Future[float] = self._loop.create_future()
-        got = self.core.offer(tenant, fut)
+        got = self.core.offer(tenant, fut, in_contract)
         if got is Offer.ADMITTED:
             if self.capacity is not None:
                 self._rebalance()
