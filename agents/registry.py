@@ -19,6 +19,13 @@ from typing import TYPE_CHECKING, Any
 from admit.agents.static_best import BestStatic, ContractStatic
 from admit.controllers.aimd import AIMDController
 from admit.controllers.around import AroundBase
+from admit.controllers.contracts_field import (
+    ApfController,
+    KueueBorrowController,
+    LitellmReservedController,
+    ShareStaticController,
+    VtcController,
+)
 from admit.controllers.differentiated import DifferentiatedController
 from admit.controllers.envoy import EnvoyGradientController
 from admit.controllers.field import (
@@ -42,6 +49,8 @@ if TYPE_CHECKING:
 def _static(arg: str | None) -> Controller:
     if arg is None:
         return StaticController()
+    if arg == "share":  # caps in proportion to the tenants' contracts (controllers/contracts_field.py)
+        return ShareStaticController()
     if arg == "best":
         return BestStatic()
     if arg == "contract":  # the caps with the most goodput that keep every contract
@@ -50,7 +59,8 @@ def _static(arg: str | None) -> Controller:
         caps = [int(x) for x in arg.split(",")]
     except ValueError:
         raise ValueError(
-            f"static:ARG takes an integer cap, comma-separated caps per tenant, 'best' or 'contract', got {arg!r}"
+            "static:ARG takes an integer cap, comma-separated caps per tenant, 'best', 'contract' or 'share', "
+            f"got {arg!r}"
         ) from None
     c = StaticController(caps[0] if len(caps) == 1 else caps)
     c.name = f"static:{arg}"
@@ -109,6 +119,11 @@ _FACTORIES: dict[str, Callable[[str | None], Controller]] = {
     "llmd-soft": _no_arg(LlmdSoftController),
     "vllm-tokencap": _no_arg(VllmTokenCapController),
     "dynamo-wdrr": _no_arg(DynamoWdrrController),
+    # contract baselines (controllers/contracts_field.py)
+    "apf": _no_arg(ApfController),
+    "kueue-borrow": _no_arg(KueueBorrowController),
+    "litellm-reserved": _no_arg(LitellmReservedController),
+    "vtc": _no_arg(VtcController),
     "ledger": _ledger,
     **{name: _robust(name) for name in _ROBUST_ABLATIONS},
 }

@@ -38,3 +38,16 @@ def slo_missed(t: TenantObservation) -> bool:
 def to_delta(target: float, limit: float, max_step: int) -> int:
     d = round(target) - round(limit)
     return max(-max_step, min(max_step, d))
+
+
+# VTC's cost of service (Sheng et al., "Fairness in Serving Large Language Models", OSDI 2024): an input token
+# weighs 1, an output token 2
+VTC_OUTPUT_WEIGHT = 2.0
+
+
+def weighted_tokens_per_s(t: TenantObservation, window_s: float, tokens_per_request: float) -> float:
+    """The tenant's service in VTC's weighted tokens per second over the window: its completions times
+    ``tokens_per_request`` (the input tokens one completed request stands for; the Observation has no count of
+    completed prompt tokens) plus ``VTC_OUTPUT_WEIGHT`` × its output tokens per second. The one home of that
+    cost: ``ledger`` and ``vtc`` both read service through it."""
+    return t.completions / max(window_s, 1e-9) * tokens_per_request + VTC_OUTPUT_WEIGHT * t.output_tokens_per_s

@@ -44,6 +44,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
+from admit.controllers.common import weighted_tokens_per_s
 from admit.controllers.slo_bound import MissHistory, share_above
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec
@@ -118,7 +119,7 @@ class LedgerController:
                 self.prompt[i] = t.prompt_tokens_queued / t.queue_depth
             held += t.tokens_in_flight
             per_req = self.footprint[i] or 1.0
-            rate = t.completions / max(obs.window_s, 1e-9) * per_req + 2.0 * t.output_tokens_per_s
+            rate = weighted_tokens_per_s(t, obs.window_s, per_req)
             self.service[i] = self.decay * self.service[i] + (1 - self.decay) * rate / self.weights[i]
         # only when nothing waits in the engine is every token in flight in the KV cache
         if obs.gpu_mem_util >= 0.05 and held > 0 and obs.engine_waiting < 1:
