@@ -110,6 +110,7 @@ class Record:
     left: bool = False  # the client went away and the request's task was cancelled for it
     logged: bool = False  # its metrics, telemetry and request-log line are written (once, before the last byte)
     in_contract: bool | None = None  # classified at arrival where the tenant has a contract (core/contract.py)
+    contract_at: float | None = None  # the Unix time its contract meter saw it: once its body was read
 
     def overhead_s(self) -> float | None:
         """The gateway's own time in the request's TTFT: reading and parsing it, charging its envelopes,
@@ -136,6 +137,7 @@ class Record:
             "path": self.path,
             "step_id": self.step_id,
             "in_contract": self.in_contract,
+            "contract_at": self.contract_at,
         }
 
 
@@ -454,9 +456,12 @@ class Gateway:
         rec.n_tenant = tenant
         self.telemetry.arrival(tenant)
         meter = self.contracts[tenant]
-        if meter is not None:  # on the arrival time the request log shows, so a replay of the log classifies alike
+        if meter is not None:
+            # on the time it is classified, which the log keeps (contract_at): requests read concurrently reach
+            # this line in another order than they arrived, and the meter must see its times in its own order
             asked = info.cost_tokens(self.context_tokens, self.cfg.default_output_tokens) - info.prompt_tokens
-            rec.in_contract = meter.arrive(round(rec.arrival, 6), info.prompt_tokens, asked)
+            rec.contract_at = round(time.time(), 6)
+            rec.in_contract = meter.arrive(rec.contract_at, info.prompt_tokens, asked)
             self.metrics.contract_requests.inc(rec.tenant, "in" if rec.in_contract else "excess")
         self.waiting_admission[id(rec)] = rec
         # the request runs in this (the server's) task; a watcher cancels it if the client goes away, which

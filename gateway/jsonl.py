@@ -29,6 +29,7 @@ REQUEST_LOG_KEYS = (
     "path",
     "step_id",
     "in_contract",
+    "contract_at",
 )
 AUDIT_KEYS = ("time", "version", "tenant_version", "actor", "what", "tenant", "old", "new", "reason")
 
