@@ -18,9 +18,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from admit.core.contract import classify, figures
+from admit.core.contract import figures
 from admit.envs.scenario import Scenario, parse_scenario
-from admit.envs.simulation import RequestColumns, jain
+from admit.envs.simulation import RequestColumns, classify_compiled, jain
 from admit.envs.workload import Trace
 
 
@@ -39,7 +39,7 @@ def episode_contracts(scenario: Scenario, cols: RequestColumns, warmup_s: float 
         if t.contract is None:
             continue
         mine = np.flatnonzero(cols.tenant == k)
-        inside = classify(t.contract, cols.arrival[mine], cols.prompt[mine], cols.output[mine])
+        inside = classify_compiled(t.contract, cols.arrival[mine], cols.prompt[mine], cols.output[mine])
         sel = mine[inside & counted[mine]]
         per[t.name] = figures(t.contract, len(sel), int(good[sel].sum()))
         served = mine[good[mine] & counted[mine]]

@@ -1566,3 +1566,27 @@ def run_rule(E, S, arrivals, rule, params, targets, k, lo, hi, interval, end, ou
         limit_sum += total
         decisions += 1
     return decisions, limit_sum
+
+
+# --------------------------------------------------------------------------- contracts
+@kernel
+def contract_classify(t: np.ndarray, cost: np.ndarray, rate: float, burst: float, out: np.ndarray) -> None:
+    """core/contract.py's ``ContractMeter`` over one tenant's requests in arrival order, with core/gcra.py's
+    arithmetic in its order (the bucket full at the first arrival; only an in-contract request spends):
+    ``out[i]`` is whether request i is in contract. What ``classify`` gives, without a Python call per request
+    (tests/envs/test_contracts.py compares them)."""
+    n = t.shape[0]
+    if n == 0:
+        return
+    per = 1.0 / rate
+    tat = t[0]
+    for i in range(n):
+        now = t[i]
+        qty = cost[i]
+        tau = max(per * burst, qty * per)
+        wait = max(tat - now, 0.0) + qty * per - tau
+        if wait <= 0:
+            out[i] = True
+            tat = max(tat, now) + qty / rate
+        else:
+            out[i] = False

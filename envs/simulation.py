@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
-from admit.core.contract import classify
+from admit.core.contract import Contract
 from admit.core.controller import Controller
 from admit.core.loop import OnDecision, RunStats, run_loop
 from admit.core.observation import Observation
@@ -159,14 +159,32 @@ def draw_request_columns(scenario: Scenario, seed: int) -> tuple[np.ndarray, ...
 def in_contract(scenario: Scenario, tenant: np.ndarray, arrival: np.ndarray, prompt: np.ndarray,
                 output: np.ndarray) -> np.ndarray:
     """Per request (columns in arrival order), whether it is in its tenant's contract: core/contract.py's
-    ``classify`` on each tenant's requests, from their arrivals and sizes alone. Every request of a tenant
-    without a contract counts as in contract (the admission core then has one queue for it)."""
+    ``classify`` (compiled: `classify_compiled`) on each tenant's requests, from their arrivals and sizes alone.
+    Every request of a tenant without a contract counts as in contract (the admission core then has one queue
+    for it)."""
     flags = np.ones(len(tenant), dtype=bool)
     for k, t in enumerate(scenario.tenants):
         if t.contract is not None:
             mine = np.flatnonzero(tenant == k)
-            flags[mine] = classify(t.contract, arrival[mine], prompt[mine], output[mine])
+            flags[mine] = classify_compiled(t.contract, arrival[mine], prompt[mine], output[mine])
     return flags
+
+
+def classify_compiled(contract: Contract, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """core/contract.py's ``classify`` compiled (envs/kernels.py ``contract_classify``): the same flags without
+    a Python call per request, which would cost an episode's start as much as its steps."""
+    from admit.envs.kernels import contract_classify  # loads numba: only where there are contracts
+
+    t = np.ascontiguousarray(arrival, dtype=np.float64)
+    if t.size > 1 and bool(np.any(np.diff(t) < 0)):
+        raise ValueError("contract classification needs a tenant's arrivals in order (non-decreasing times)")
+    if contract.unit == "requests":
+        cost = np.ones(len(t), dtype=np.float64)
+    else:
+        cost = (np.asarray(prompt, dtype=np.int64) + np.asarray(output, dtype=np.int64)).astype(np.float64)
+    out = np.empty(len(t), dtype=np.bool_)
+    contract_classify(t, cost, contract.rate, float(max(1, math.ceil(contract.burst))), out)
+    return out
 
 
 def draw_requests(scenario: Scenario, seed: int) -> list[Request]:

@@ -15,6 +15,8 @@ from admit.envs.family import contract_loads, tenant_capacity_rps
 from admit.envs.rollout import rollout
 from admit.envs.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
 from admit.evaluate.offline import evaluate
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def with_contracts(name: str, contracts: dict[str, dict[str, Any]], **top: Any) -> Scenario:
@@ -125,3 +127,22 @@ def test_at_contract_each_tenant_sends_its_contract_and_a_trace_keeps_its_sizes(
     assert abs(conv["arrived"] - 300 * 4000 / tenant_mix(sc.tenants[1]).tokens) <= 1
     with pytest.raises(ValueError, match="has no contracts to send"):
         at_contract(load_scenario("h200-mixed"))
+
+
+@settings(max_examples=150, deadline=None)
+@given(gaps=st.lists(st.floats(0, 3.0, allow_nan=False), min_size=0, max_size=200),
+       sizes=st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 2000)), min_size=200, max_size=200),
+       rate=st.floats(0.01, 5e4), burst=st.floats(1, 1e5), tokens=st.booleans(), start=st.floats(0, 1e6))
+def test_the_compiled_classification_is_the_meters(gaps: list[float], sizes: list[tuple[int, int]], rate: float,
+                                                   burst: float, tokens: bool, start: float) -> None:
+    """envs/kernels.py's contract_classify (what the worlds use, so an episode's start pays no Python call per
+    request) gives core/contract.py's classification, the gateway's, flag for flag."""
+    from admit.core.contract import Contract, classify
+    from admit.envs.simulation import classify_compiled
+
+    c = Contract(**({"tokens_per_s": rate} if tokens else {"requests_per_s": min(rate, 1e6)}), burst=burst,
+                 attainment=0.9)
+    t = start + np.cumsum(np.asarray(gaps, dtype=np.float64))
+    p = np.asarray([a for a, _ in sizes[: len(t)]], dtype=np.int64)
+    o = np.asarray([b for _, b in sizes[: len(t)]], dtype=np.int64)
+    assert classify_compiled(c, t, p, o).tolist() == classify(c, t, p, o).tolist()
