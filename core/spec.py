@@ -34,6 +34,9 @@ class TenantSpec:
     # that contract as a share of the engine's estimated capacity (envs/family.py's contract_loads), where the
     # world knows its engine (a scenario); None live or without a contract
     contract_load: float | None = None
+    # a floor on this tenant's limit above ``Limits.min``: a guaranteed share no decision takes away (Kueue's
+    # nominalQuota, gateway/kueue.py); None: none but Limits.min
+    min_limit: int | None = None
 
     @property
     def request_bounds(self) -> tuple[float, float, float]:
@@ -85,6 +88,15 @@ class ControlSpec:
         return len(self.tenants)
 
     def apply(self, current: Sequence[int], deltas: Sequence[int]) -> list[int]:
-        """`Limits.apply`, then each tenant's own ceiling (``TenantSpec.max_limit``) where it has one."""
+        """`Limits.apply`, then each tenant's own ceiling (``TenantSpec.max_limit``) and floor
+        (``TenantSpec.min_limit``) where it has them; the floor wins over ``Limits.max``, a guaranteed share
+        being the tenant's whatever the global bounds (a configuration keeps floor <= ceiling)."""
         after = self.limits.apply(current, deltas)
-        return [a if t.max_limit is None else min(a, t.max_limit) for a, t in zip(after, self.tenants, strict=True)]
+        out = []
+        for a, t in zip(after, self.tenants, strict=True):
+            if t.max_limit is not None:
+                a = min(a, t.max_limit)
+            if t.min_limit is not None:
+                a = max(a, t.min_limit)
+            out.append(a)
+        return out

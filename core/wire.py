@@ -47,7 +47,7 @@ def spec_json(spec: ControlSpec) -> dict[str, Any]:
                      "slo_tpot_s": fin(t.slo_tpot_s), "slo_e2e_s": fin(t.slo_e2e_s),
                      "max_limit": t.max_limit,
                      "contract": None if t.contract is None else t.contract.model_dump(exclude_none=True),
-                     "contract_load": t.contract_load} for t in spec.tenants],
+                     "contract_load": t.contract_load, "min_limit": t.min_limit} for t in spec.tenants],
         "limits": {"min": lim.min, "max": lim.max, "initial": lim.initial, "max_step": lim.max_step},
         "interval_s": spec.interval_s,
         "window_s": spec.window_s,
@@ -64,7 +64,7 @@ def spec_from_json(data: dict[str, Any]) -> ControlSpec:
                                int(t["priority"]), inf(t.get("slo_ttft_s")), inf(t.get("slo_tpot_s")),
                                inf(t.get("slo_e2e_s")), t.get("max_limit"),
                                None if t.get("contract") is None else Contract.model_validate(t["contract"]),
-                               t.get("contract_load")) for t in data["tenants"])
+                               t.get("contract_load"), t.get("min_limit")) for t in data["tenants"])
     return ControlSpec(tenants, Limits(**data["limits"]), float(data["interval_s"]), float(data["window_s"]),
                        inf(data["queue_timeout_s"]))
 

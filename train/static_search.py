@@ -115,7 +115,7 @@ def spec_fingerprint(spec: ControlSpec) -> str:
     """sha256 of the control spec: how an unbound static:best, which sees only the spec, finds a stored tuning."""
     data = asdict(spec)
     for t, ts in zip(data["tenants"], spec.tenants, strict=True):
-        for k in ("contract", "contract_load"):  # fields the spec gained later: absent when unset, as before
+        for k in ("contract", "contract_load", "min_limit"):  # fields gained later: absent when unset, as before
             if t[k] is None:
                 del t[k]
         if ts.contract is not None:
