@@ -22,8 +22,9 @@ Every write answers what it changed: ``"changed": true`` or ``false`` beside the
 limits, the tenant's for the others). A value equal to the one in force is no change: a PUT that changes
 nothing answers ``"changed": false`` and writes no version and no audit line (an envelope PUT with the config
 already stored, a batch whose limits all hold already). A batch of limits is checked as a whole before any
-is applied; a limit above its tenant's ``max_limit`` (the ceiling Kueue's quota sets, gateway/kueue.py)
-refuses the batch with 400 ``above-max-limit``. A change gets the next *configuration version* (``version``
+is applied; a limit above its tenant's ``max_limit`` or below its ``min_limit`` (the ceiling and the floor
+Kueue's quota sets, gateway/kueue.py) refuses the batch with 400 ``above-max-limit`` or ``below-min-limit``,
+saying each named tenant's allowed range. A change gets the next *configuration version* (``version``
 in every answer; a batch is one change, one version) and each tenant it touches the next version of that
 tenant (``version`` per tenant in /admin/state, ``tenant_version`` in /admin/tenants/{name}); it writes one
 audit line per value changed: time, version, tenant_version, actor, what, tenant, old, new, reason.
@@ -237,15 +238,31 @@ class AdminApi:
         if not isinstance(limits, dict) or not limits:
             raise HttpError(400, "bad-request", "'limits' must be an object of tenant name -> limit")
         todo = [(self._tenant(str(name)), _int_field({"limit": v}, "limit")) for name, v in limits.items()]
+        tenants = self.gw.cfg.tenants
         over = [f"{self.gw.names[i]} {v} > {ceiling}" for i, v in todo
-                if (ceiling := self.gw.cfg.tenants[i].max_limit) is not None and v > ceiling]
+                if (ceiling := tenants[i].max_limit) is not None and v > ceiling]
         if over:  # the whole batch is refused: nothing is applied
             raise HttpError(400, "above-max-limit", f"limit above the tenant's max_limit (its ceiling, e.g. "
-                            f"Kueue's quota): {', '.join(over)}")
+                            f"Kueue's nominal quota plus what it may borrow): {', '.join(over)}; allowed: "
+                            f"{self._allowed(todo)}")
+        under = [f"{self.gw.names[i]} {v} < {floor}" for i, v in todo
+                 if (floor := tenants[i].min_limit) is not None and v < floor]
+        if under:
+            raise HttpError(400, "below-min-limit", f"limit below the tenant's min_limit (its guaranteed share, "
+                            f"e.g. Kueue's nominal quota): {', '.join(under)}; allowed: {self._allowed(todo)}")
         written = await self.gw.admission.write_limits(todo)
         for change in written.changes:
             self._audit(scope, "limit", written.version, change, body.get("reason"))
         return {**self.state(), "changed": bool(written.changes)}
+
+    def _allowed(self, todo: list[tuple[int, int]]) -> str:
+        """Each named tenant's allowed limits, for a refusal: ``chat 8..14``, ``batch >= 4``."""
+        out = []
+        for i in dict.fromkeys(i for i, _ in todo):
+            t = self.gw.cfg.tenants[i]
+            lo, hi = t.min_limit or 0, t.max_limit
+            out.append(f"{t.name} {lo}..{hi}" if hi is not None else f"{t.name} >= {lo}")
+        return ", ".join(out)
 
     def _set_borrow(self, scope: Scope, i: int, body: dict[str, Any]) -> dict[str, Any]:
         v = _int_field(body, "borrow")

@@ -270,11 +270,15 @@ class Gateway:
                     log.warning("state file %s: tenant %r is not configured any more; its %s is skipped",
                                 path, name, kind)
                 elif kind == "limits":
-                    ceiling = self.cfg.tenants[i].max_limit
+                    ceiling, floor = self.cfg.tenants[i].max_limit, self.cfg.tenants[i].min_limit
                     if ceiling is not None and v > ceiling:  # the quota shrank since it was saved
                         log.warning("state file %s: tenant %r's saved limit %d is above its max_limit %d; %d is "
                                     "used", path, name, v, ceiling, ceiling)
                         v = ceiling
+                    if floor is not None and v < floor:  # the guaranteed share grew since it was saved
+                        log.warning("state file %s: tenant %r's saved limit %d is below its min_limit %d; %d is "
+                                    "used", path, name, v, floor, floor)
+                        v = floor
                     adm.set_limit(i, v)
                 else:
                     set_borrow = getattr(adm, "set_borrow", None)

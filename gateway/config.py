@@ -14,6 +14,7 @@ Example::
         api_keys: [sk-chat-1]          # or api_keys_env: CHAT_KEYS (keys comma-separated, e.g. from a Secret)
         limit: 8
         max_limit: 16                  # optional ceiling at run time (admin API, control loop; gateway/kueue.py)
+        min_limit: 4                   # optional floor at run time, a guaranteed share (same; gateway/kueue.py)
         max_queue: 64
         queue_timeout_s: 5             # formerly queue_ttl_s (still read, with a deprecation warning)
         priority: 1
@@ -157,6 +158,9 @@ class TenantConfig(StrictModel):
     # a ceiling no one may set the limit above at run time, neither the admin API nor the control loop (what
     # Kueue admitted for this tenant: gateway/kueue.py); none: only control.max_limit bounds the loop
     max_limit: int | None = Field(default=None, ge=0, le=LIMIT_MAX)
+    # a floor no one may set the limit below at run time: the tenant's guaranteed share (Kueue's nominalQuota:
+    # gateway/kueue.py); none: only control.min_limit bounds the loop
+    min_limit: int | None = Field(default=None, ge=0, le=LIMIT_MAX)
     max_queue: int = Field(default=64, ge=0, le=LIMIT_MAX)
     queue_timeout_s: float = Field(default=30.0, gt=0, le=86_400)
     priority: int = Field(default=0, ge=-1000, le=1000)
@@ -183,9 +187,11 @@ class TenantConfig(StrictModel):
         return v
 
     @model_validator(mode="after")
-    def _ceiling_and_keys(self) -> TenantConfig:
+    def _bounds_and_keys(self) -> TenantConfig:
         if self.max_limit is not None and self.limit > self.max_limit:
             raise ValueError(f"tenant {self.name!r}: limit {self.limit} is above its max_limit {self.max_limit}")
+        if self.min_limit is not None and self.limit < self.min_limit:
+            raise ValueError(f"tenant {self.name!r}: limit {self.limit} is below its min_limit {self.min_limit}")
         if self.api_keys_env is not None:
             value = os.environ.get(self.api_keys_env)
             if value is None:

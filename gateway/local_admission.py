@@ -10,8 +10,11 @@ only when no in-contract request of the tenant waits (core/admission.py).
 **Work-conserving sharing** (``capacity`` set): the core's per-tenant limit becomes the *effective* limit
 that the gateway recomputes after every event, so that the backend never holds more than ``capacity``
 requests. Each tenant is guaranteed its nominal limit; a tenant with ``borrow > 0`` may use up to that many
-idle slots beyond it. A freed slot goes first to a waiting tenant below its nominal limit, then to a
-borrower, higher ``priority`` first and then the tenant with the lowest in-flight/nominal ratio. Nothing
+idle slots beyond it, and never more than its ``max_limit`` in all. A freed slot goes first to a waiting
+tenant below its guaranteed share (its ``min_limit`` where it has one, else its whole limit), then to one
+below its limit, then to a borrower, higher ``priority`` first and then the tenant with the lowest
+in-flight/nominal ratio. So a limit the control loop raised above a Kueue floor (gateway/kueue.py) is
+served after every tenant's nominal quota, as Kueue lends only quota its owner leaves idle. Nothing
 running is preempted: a tenant that wants its guaranteed slots back gets the next ones that free up
 (Kueue's borrowing without preemption). Without ``capacity`` the effective limit is the nominal one and
 tenants are independent.
@@ -39,6 +42,10 @@ class LocalAdmission(TenantSlots):
         super().__init__(tenants)
         self._loop = asyncio.get_running_loop()
         self.borrow = [t.borrow for t in tenants]
+        # a tenant's floor and ceiling (gateway/kueue.py): its guaranteed share, and the most it holds, borrowing
+        # included; a tenant without them is guaranteed its whole limit and may hold limit + borrow
+        self.floor = [t.min_limit for t in tenants]
+        self.ceiling = [math.inf if t.max_limit is None else t.max_limit for t in tenants]
         self.capacity = capacity
         start = [0 if capacity is not None else t.limit for t in tenants]
         self.core = AdmissionCore(
@@ -138,8 +145,9 @@ class LocalAdmission(TenantSlots):
                         continue
                     f = core.in_flight(i)
                     nom = self.nominal[i]
-                    cls = 0 if f < nom else 1 if f < nom + self.borrow[i] else 2
-                    if cls == 2:
+                    floor = nom if (lo := self.floor[i]) is None else min(nom, lo)
+                    cls = 0 if f < floor else 1 if f < nom else 2 if f < self._top(i) else 3
+                    if cls == 3:
                         continue
                     k = (cls, -self.priority[i], f / max(nom, 1))
                     if best < 0 or k < key:
@@ -152,11 +160,15 @@ class LocalAdmission(TenantSlots):
             free = self.capacity - sum(core.in_flight(i) for i in range(n))
             for i in range(n):
                 f = core.in_flight(i)
-                headroom = max(0, min(self.nominal[i] + self.borrow[i] - f, free))
+                headroom = max(0, min(self._top(i) - f, free))
                 if core.limit(i) != f + headroom:
                     core.set_limit(i, f + headroom)  # no queue here, or no headroom: dispatches nothing
         finally:
             self._rebalancing = False
+
+    def _top(self, i: int) -> int:
+        """The most tenant ``i`` may hold in the pool: its limit plus what it may borrow, at most its ceiling."""
+        return int(min(self.nominal[i] + self.borrow[i], self.ceiling[i]))
 
     # ----------------------------------------------------------------- queue timeouts
     def _arm_timer(self) -> None:

@@ -62,7 +62,7 @@ def gateway_spec(cfg: GatewayConfig) -> ControlSpec:
     c = cfg.control
     tenants = tuple(
         TenantSpec(t.name, t.slo.e2e_p99_bound, t.slo.ttft_p99_bound, t.weight, t.priority, t.slo.ttft_bound,
-                   t.slo.tpot_bound, t.slo.e2e_bound, t.max_limit, t.contract)
+                   t.slo.tpot_bound, t.slo.e2e_bound, t.max_limit, t.contract, min_limit=t.min_limit)
         for t in cfg.tenants
     )
     lo = min(c.min_limit, c.max_limit)

@@ -126,3 +126,45 @@ def test_a_queue_wait_is_on_the_request_records_clock_under_uvloop() -> None:
         return misses
 
     assert uvloop.run(run()) == []
+
+
+def test_a_tenant_never_holds_more_than_its_ceiling_borrowing_included() -> None:
+    async def run() -> None:
+        # a: limit 4, may borrow 3, ceiling 5 (Kueue: nominal 4, borrowing 1); the pool has room for 8
+        cfg = [TenantConfig(name="a", api_keys=("sk-key-0000",), limit=4, borrow=3, min_limit=4, max_limit=5),
+               TenantConfig(name="b", api_keys=("sk-key-0001",), limit=4)]
+        adm = LocalAdmission(cfg, capacity=8)
+        held = [await adm.acquire(0) for _ in range(5)]
+        sixth = asyncio.ensure_future(adm.acquire(0))
+        await asyncio.sleep(0)
+        assert adm.in_flight(0) == 5 and adm.queue_depth(0) == 1  # 3 slots idle, but a is at its ceiling
+        assert adm.snapshot()["tenants"]["a"]["effective_limit"] == 5
+        adm.release(held.pop())
+        held.append(await sixth)
+        assert adm.in_flight(0) == 5
+        for lease in held:
+            adm.release(lease)
+
+    asyncio.run(run())
+
+
+def test_a_freed_slot_serves_a_guaranteed_share_before_a_limit_raised_above_its_floor() -> None:
+    async def run() -> None:
+        # a: floor 2, its limit raised to 4 (borrowed quota, by the control loop), higher priority; b: limit 2
+        cfg = [TenantConfig(name="a", api_keys=("sk-key-0000",), limit=4, min_limit=2, priority=1),
+               TenantConfig(name="b", api_keys=("sk-key-0001",), limit=2)]
+        adm = LocalAdmission(cfg, capacity=4)
+        held = [await adm.acquire(0) for _ in range(4)]
+        b = asyncio.ensure_future(adm.acquire(1))
+        a = asyncio.ensure_future(adm.acquire(0))
+        await asyncio.sleep(0)
+        assert adm.queue_depth(0) == adm.queue_depth(1) == 1
+        adm.release(held.pop())  # a holds 3, above its floor: b, below its own, gets the slot despite priority
+        await asyncio.sleep(0)
+        assert b.done() and not a.done()
+        adm.release(await b)
+        held.append(await a)
+        for lease in held:
+            adm.release(lease)
+
+    asyncio.run(run())
