@@ -23,8 +23,8 @@ def gateway(
         1, min=1, help="processes on one port (SO_REUSEPORT); more than 1 needs the 'redis:' section (shared state)"
     ),
     kueue: Path | None = typer.Option(
-        None, help="Kueue objects (LocalQueues, ClusterQueues; YAML): each tenant's limit, max_limit and borrow, "
-        "and the capacity, from its ClusterQueue's quota (gateway/kueue.py, docs/deploy.md)"),
+        None, help="Kueue objects (LocalQueues, ClusterQueues; YAML): each tenant's limit, min_limit, max_limit and "
+        "borrow, and the capacity, from its ClusterQueue's quota (gateway/kueue.py, docs/deploy.md)"),
     kueue_resource: str = typer.Option(
         "admit.dev/concurrency", help="the Kueue resource whose quota counts a tenant's concurrent requests"),
 ) -> None:
@@ -46,9 +46,9 @@ def gateway(
             cfg, bounds = load_with_kueue(config, kueue, kueue_resource)
             log = logging.getLogger("admit.gateway.kueue")
             for q in bounds.tenants:
-                log.info("tenant %s: LocalQueue %s -> ClusterQueue %s%s: limit = max_limit = %d, borrow %d", q.tenant,
-                         q.local_queue, q.cluster_queue, f" (cohort {q.cohort})" if q.cohort else "", q.nominal,
-                         q.borrow)
+                log.info("tenant %s: LocalQueue %s -> ClusterQueue %s%s: limit = min_limit = %d, max_limit %d, "
+                         "borrow %d", q.tenant, q.local_queue, q.cluster_queue,
+                         f" (cohort {q.cohort})" if q.cohort else "", q.nominal, q.ceiling, q.borrow)
             if bounds.capacity is not None:
                 log.info("capacity %d (the cohort's pool)", bounds.capacity)
             for note in bounds.notes:

@@ -1,4 +1,4 @@
-"""Kueue's quota as the gateway's bounds: each tenant's limit, ceiling and borrowing from a ClusterQueue.
+"""Kueue's quota as the gateway's bounds: each tenant's floor, ceiling and borrowing from a ClusterQueue.
 
 Kueue admits whole workloads against quota; admit moves per-request concurrency. Where both run, the
 concurrency each tenant may have at the engine is what Kueue admitted for it, and admit should move limits
@@ -8,16 +8,31 @@ multi-document YAML: LocalQueues, ClusterQueues; other kinds are ignored) and se
 * its **LocalQueue** is the one named like the tenant (in any namespace; two of that name are refused), and
   that LocalQueue's ``spec.clusterQueue`` is its **ClusterQueue** (one ClusterQueue per tenant: two tenants
   on one ClusterQueue would share a quota the gateway has no pool for, and are refused);
-* ``limit`` and ``max_limit`` = the ClusterQueue's ``nominalQuota`` of the concurrency resource (default
-  ``admit.dev/concurrency``, summed over its flavors): the guaranteed share, and the ceiling that neither
-  the admin API nor the control loop may set the limit above;
-* ``borrow`` = what Kueue lets it borrow from its cohort: its ``borrowingLimit`` (unlimited when absent),
-  capped by what the cohort's other ClusterQueues can lend (their ``lendingLimit``, else their whole nominal
-  quota), so a tenant uses idle slots of others only as Kueue would;
+* ``limit`` and ``min_limit`` = the ClusterQueue's ``nominalQuota`` of the concurrency resource (default
+  ``admit.dev/concurrency``, summed over its flavors): the tenant starts at its guaranteed share, and
+  neither the admin API nor the control loop may set its limit below it, as Kueue never takes nominal quota
+  from its owner;
+* ``max_limit`` = ``nominalQuota`` + what Kueue lets it borrow from its cohort: its ``borrowingLimit``
+  (unbounded when absent), capped by what the cohort's other ClusterQueues can lend (their ``lendingLimit``,
+  else their whole nominal quota); no cohort, nothing to borrow. That is the most the tenant may hold,
+  borrowing included: the control loop may raise its limit up to it, and the pool below never lets it hold
+  more;
+* ``borrow`` = that same room above the nominal quota, used per request: in the gateway's capacity pool a
+  tenant takes idle slots of others the moment they are idle, as Kueue admits a workload on idle quota,
+  without waiting for the control loop to raise its limit; the ceiling bounds limit and borrowing together,
+  so a raised limit leaves that much less to borrow;
 * the gateway's ``capacity`` = the cohort's pool: the tenants' nominal quota plus what the cohort's other
-  ClusterQueues lend. Borrowing needs that one in-process pool, so the tenants that borrow must share one
-  cohort, and a gateway with ``redis:`` (no capacity pool) gets no borrowing (``borrow`` 0, said in the
-  notes) rather than limits Kueue did not grant.
+  ClusterQueues lend. It is what keeps the cohort within its quota, whoever raises limits: a freed slot goes
+  to tenants below their floor first (gateway/local_admission.py), so a limit raised above the nominal
+  quota is served from quota its owners leave idle, as Kueue lends it. One in-process pool means the
+  tenants that borrow must share one cohort, and a gateway with ``redis:`` (no capacity pool) gets no
+  borrowing: ``borrow`` 0 and ``max_limit`` = ``nominalQuota``, so the limit stays at the quota (said in
+  the notes), rather than limits whose sum no one keeps within the cohort's.
+
+What the floor made redundant: before it, ``max_limit`` was the nominal quota and ``borrow`` the only way
+above it, so the control loop could only lower a limit (below a share Kueue guarantees) and never borrow.
+Now the limit's range is the quota's, [nominal, nominal + borrowing], and ``borrow`` is kept only as the
+pool's per-request use of that same range, never room beyond it.
 
 Quantities are Kubernetes quantities that name whole requests: ``8``, ``"8"``, ``"2k"`` (1,000s) or
 ``"1Ki"`` (1,024s); a fraction (``"500m"``, ``1.5``) is refused. The cohort is ``spec.cohort``
@@ -55,8 +70,13 @@ class TenantQuota:
     local_queue: str  # namespace/name
     cluster_queue: str
     cohort: str | None
-    nominal: int  # -> limit and max_limit
-    borrow: int  # -> borrow (0 without a cohort, or with redis)
+    nominal: int  # -> limit and min_limit (the floor)
+    borrow: int  # what it may borrow above it: -> borrow (0 without a cohort, or with redis)
+
+    @property
+    def ceiling(self) -> int:
+        """-> max_limit: the most the tenant may hold, borrowing included."""
+        return self.nominal + self.borrow
 
 
 @dataclass(frozen=True)
@@ -204,7 +224,8 @@ def map_quota(objects: Iterable[Mapping[str, Any]], tenants: Sequence[str], reso
             borrow = int(min(borrowing, lendable))
             if borrow and not pool:
                 notes.append(f"tenant {t!r}: Kueue lets it borrow {borrow} from cohort {cohort}, but a gateway with "
-                             "redis has no capacity pool to borrow from: borrow 0")
+                             "redis has no capacity pool to keep the cohort within its quota: borrow 0 and max_limit "
+                             f"{nominal}, its nominal quota (the limit stays at it)")
                 borrow = 0
         out.append(TenantQuota(t, lq, cq, cohort, nominal, borrow))
     borrowers = {q.cohort for q in out if q.borrow}
@@ -225,13 +246,13 @@ def map_quota(objects: Iterable[Mapping[str, Any]], tenants: Sequence[str], reso
 
 
 def apply_quota(data: Mapping[str, Any], mapping: KueueBounds) -> dict[str, Any]:
-    """The gateway configuration ``data`` (the YAML's mapping) with each tenant's limit, max_limit and borrow,
-    and the capacity when borrowing, set from ``mapping``."""
+    """The gateway configuration ``data`` (the YAML's mapping) with each tenant's limit, min_limit, max_limit
+    and borrow, and the capacity when borrowing, set from ``mapping``."""
     by = {q.tenant: q for q in mapping.tenants}
     tenants = []
     for t in data.get("tenants") or []:
         q = by[t["name"]]
-        tenants.append({**t, "limit": q.nominal, "max_limit": q.nominal, "borrow": q.borrow})
+        tenants.append({**t, "limit": q.nominal, "min_limit": q.nominal, "max_limit": q.ceiling, "borrow": q.borrow})
     out = {**data, "tenants": tenants}
     if mapping.capacity is not None:
         out["capacity"] = mapping.capacity

@@ -364,8 +364,8 @@ def test_the_gateway_loads_its_configmap_with_kueue(monkeypatch: pytest.MonkeyPa
     for var, key in (("ADMIT_ADMIN_TOKEN", "admin-token"), ("CHAT_KEYS", "chat-keys"), ("BATCH_KEYS", "batch-keys")):
         monkeypatch.setenv(var, secret[key])
     cfg, bounds = load_with_kueue(tmp_path / "tenants.yaml", tmp_path / "kueue.yaml")
-    got = {t.name: (t.limit, t.max_limit, t.borrow) for t in cfg.tenants}
-    assert got == {"chat": (8, 8, 0), "batch": (4, 4, 0)}  # the nominal quotas; no borrowing with redis
+    got = {t.name: (t.limit, t.min_limit, t.max_limit, t.borrow) for t in cfg.tenants}
+    assert got == {"chat": (8, 8, 8, 0), "batch": (4, 4, 4, 0)}  # the nominal quotas; no borrowing with redis
     assert cfg.capacity is None and cfg.redis is not None
     assert {q.tenant: (q.local_queue, q.cluster_queue, q.cohort) for q in bounds.tenants} == {
         "chat": ("llm/chat", "chat", "llm-serving"),

@@ -179,3 +179,11 @@ def test_max_limit_is_a_ceiling_the_initial_limit_must_respect() -> None:
 
     assert parse_config(one(limit=3, max_limit=3)).tenants[0].max_limit == 3
     assert "tenant 'a': limit 4 is above its max_limit 3" in error(one(limit=4, max_limit=3))
+
+
+def test_min_limit_is_a_floor_the_initial_limit_must_respect() -> None:
+    def one(**kw: int) -> dict[str, Any]:
+        return {"tenants": [{"name": "a", "api_keys": ["sk-aaaaaaaa"], **kw}]}
+
+    assert parse_config(one(limit=3, min_limit=3, max_limit=5)).tenants[0].min_limit == 3
+    assert "tenant 'a': limit 2 is below its min_limit 3" in error(one(limit=2, min_limit=3))

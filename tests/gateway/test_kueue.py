@@ -1,5 +1,6 @@
-"""Kueue's quota as the gateway's bounds (gateway/kueue.py): the mapping on a manifest, its refusals, and a
-real gateway started with ``--kueue`` that neither the admin API nor the control loop can push past it."""
+"""Kueue's quota as the gateway's bounds (gateway/kueue.py): the mapping on a manifest (the nominal quota the
+floor of a tenant's limit, nominal plus what it may borrow the ceiling), its refusals, and a real gateway
+started with ``--kueue`` that neither the admin API nor the control loop can push outside them."""
 
 from __future__ import annotations
 
@@ -12,7 +13,6 @@ from pathlib import Path
 
 import pytest
 import yaml
-from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.gateway.kueue import KueueError, load_with_kueue, map_quota, quantity, read_manifest
 from gateway_helpers import ADMIN_TOKEN, CountingMock, GatewayProcess, tenant_cfg
 
@@ -44,20 +44,39 @@ MANIFEST = [FLAVOR, cq("chat-cq", 8, borrowingLimit=6), cq("batch-cq", "4"),
             {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "llm"}}]
 
 
-def test_each_tenant_gets_its_quota_as_limit_and_ceiling_and_borrows_what_the_cohort_lends() -> None:
+def test_each_tenant_gets_its_quota_as_floor_and_nominal_plus_what_the_cohort_lends_as_ceiling() -> None:
     m = map_quota(MANIFEST, ["chat", "batch"])
-    got = {q.tenant: (q.local_queue, q.cluster_queue, q.cohort, q.nominal, q.borrow) for q in m.tenants}
-    # chat borrows min(its limit 6, what others lend: batch 4 + training 3) = 6; batch, unlimited, borrows
-    # min(inf, chat 8 + training 3) = 11; the pool is both nominal quotas plus what training lends
-    assert got == {"chat": ("llm/chat", "chat-cq", "serving", 8, 6),
-                   "batch": ("llm/batch", "batch-cq", "serving", 4, 11)}
+    got = {q.tenant: (q.local_queue, q.cluster_queue, q.cohort, q.nominal, q.borrow, q.ceiling) for q in m.tenants}
+    # chat borrows min(its borrowingLimit 6, what others lend: batch 4 + training 3) = 6; batch, with no
+    # borrowingLimit, borrows min(inf, chat 8 + training 3) = 11; the pool is both nominal quotas plus what
+    # training lends
+    assert got == {"chat": ("llm/chat", "chat-cq", "serving", 8, 6, 14),
+                   "batch": ("llm/batch", "batch-cq", "serving", 4, 11, 15)}
     assert m.capacity == 8 + 4 + 3 and m.notes == ()
+
+
+def test_the_config_gets_limit_and_floor_at_the_nominal_quota_and_the_ceiling_with_borrowing(tmp_path: Path) -> None:
+    (tmp_path / "k.yaml").write_text(yaml.safe_dump_all(MANIFEST))
+    cfg = {"capacity": 3, "tenants": [tenant_cfg("chat", limit=1, max_limit=2), tenant_cfg("batch", borrow=1)]}
+    (tmp_path / "g.yaml").write_text(yaml.safe_dump(cfg))
+    gc, _ = load_with_kueue(tmp_path / "g.yaml", tmp_path / "k.yaml")
+    got = [(t.limit, t.min_limit, t.max_limit, t.borrow) for t in gc.tenants]
+    assert got == [(8, 8, 14, 6), (4, 4, 15, 11)] and gc.capacity == 15  # the file's own bounds are replaced
+
+
+def test_a_borrowing_limit_beyond_what_the_cohort_lends_is_capped_by_it() -> None:
+    objs = [cq("a-cq", 4, borrowingLimit="1k"), cq("b-cq", 6, lendingLimit=2), cq("c-cq", 2, borrowingLimit=1),
+            lq("a", "a-cq"), lq("b", "b-cq"), lq("c", "c-cq")]
+    m = map_quota(objs, ["a", "b", "c"])
+    # a may borrow 1,000 but b lends 2 and c its 2: ceiling 4 + 4; b, unbounded, borrows a's 4 and c's 2;
+    # c borrows at most 1
+    assert [(q.nominal, q.ceiling) for q in m.tenants] == [(4, 8), (6, 12), (2, 3)] and m.capacity == 12
 
 
 def test_without_a_cohort_there_is_no_borrowing_and_the_config_keeps_its_capacity() -> None:
     objs = [cq("a-cq", 5, cohort=None), cq("b-cq", 3, cohort=None), lq("a", "a-cq"), lq("b", "b-cq")]
     m = map_quota(objs, ["a", "b"])
-    assert [(q.nominal, q.borrow) for q in m.tenants] == [(5, 0), (3, 0)] and m.capacity is None
+    assert [(q.nominal, q.borrow, q.ceiling) for q in m.tenants] == [(5, 0, 5), (3, 0, 3)] and m.capacity is None
 
 
 def test_a_gateway_with_redis_gets_no_borrowing_and_says_so(tmp_path: Path) -> None:
@@ -65,7 +84,9 @@ def test_a_gateway_with_redis_gets_no_borrowing_and_says_so(tmp_path: Path) -> N
     cfg = {"redis": {"url": "redis://127.0.0.1:6379/0"}, "tenants": [tenant_cfg("chat", limit=1), tenant_cfg("batch")]}
     (tmp_path / "g.yaml").write_text(yaml.safe_dump(cfg))
     gc, m = load_with_kueue(tmp_path / "g.yaml", tmp_path / "k.yaml")
-    assert [(t.limit, t.max_limit, t.borrow) for t in gc.tenants] == [(8, 8, 0), (4, 4, 0)] and gc.capacity is None
+    # no pool keeps the cohort within its quota: floor and ceiling are the nominal quota, the limit stays there
+    got = [(t.limit, t.min_limit, t.max_limit, t.borrow) for t in gc.tenants]
+    assert got == [(8, 8, 8, 0), (4, 4, 4, 0)] and gc.capacity is None
     assert len(m.notes) == 2 and all("redis has no capacity pool" in n for n in m.notes)
 
 
@@ -102,12 +123,6 @@ def test_read_manifest_keeps_kueue_objects_of_lists_and_streams_and_refuses_bad_
         read_manifest("- 1\n", "k.yaml")
 
 
-def test_the_control_specs_apply_keeps_each_tenant_under_its_ceiling() -> None:
-    spec = ControlSpec((TenantSpec("a", max_limit=3), TenantSpec("b")), Limits(min=1, max=16, initial=2, max_step=4))
-    assert spec.apply([2, 2], [4, 4]) == [3, 6]
-    assert spec.apply([3, 6], [-4, -4]) == [1, 2]
-
-
 @pytest.fixture(scope="module")
 def gw(mock: CountingMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator[GatewayProcess]:
     tmp = tmp_path_factory.mktemp("gw-kueue")
@@ -122,36 +137,54 @@ def gw(mock: CountingMock, tmp_path_factory: pytest.TempPathFactory) -> Iterator
 def test_a_gateway_started_with_kueue_runs_on_the_quota(gw: GatewayProcess) -> None:
     st = gw.state()["tenants"]
     assert (st["chat"]["limit"], st["chat"]["borrow"], st["batch"]["limit"], st["batch"]["borrow"]) == (8, 6, 4, 11)
-    line = "LocalQueue llm/chat -> ClusterQueue chat-cq (cohort serving): limit = max_limit = 8, borrow 6"
+    line = ("LocalQueue llm/chat -> ClusterQueue chat-cq (cohort serving): limit = min_limit = 8, max_limit 14, "
+            "borrow 6")
     assert line in gw.stderr()
     status, spec = gw.admin("GET", "/admin/spec")
-    assert status == 200 and {t["name"]: t["max_limit"] for t in spec["tenants"]} == {"chat": 8, "batch": 4}
+    assert status == 200
+    assert {t["name"]: (t["min_limit"], t["max_limit"]) for t in spec["tenants"]} == {"chat": (8, 14), "batch": (4, 15)}
 
 
-def test_the_admin_api_refuses_a_limit_above_the_quota_and_applies_nothing_of_the_batch(gw: GatewayProcess) -> None:
+def test_the_admin_api_refuses_a_limit_above_the_ceiling_and_applies_nothing_of_the_batch(gw: GatewayProcess) -> None:
     v0 = gw.state()["version"]
-    status, body = gw.admin("PUT", "/admin/limits", {"limits": {"chat": 2, "batch": 5}})
-    assert status == 400 and body["reason"] == "above-max-limit" and "batch 5 > 4" in body["error"]["message"]
+    status, body = gw.admin("PUT", "/admin/limits", {"limits": {"chat": 10, "batch": 16}})
+    assert status == 400 and body["reason"] == "above-max-limit"
+    assert "batch 16 > 15; allowed: chat 8..14, batch 4..15" in body["error"]["message"]
     st = gw.state()
-    assert st["version"] == v0 and st["tenants"]["chat"]["limit"] == 8  # chat's 2 was not applied either
-    assert gw.admin("PUT", "/admin/tenants/batch/limit", {"limit": 3})[0] == 200
-    assert gw.admin("PUT", "/admin/tenants/batch/limit", {"limit": 4})[0] == 200  # at the ceiling is allowed
+    assert st["version"] == v0 and st["tenants"]["chat"]["limit"] == 8  # chat's 10 was not applied either
+    assert gw.admin("PUT", "/admin/tenants/batch/limit", {"limit": 15})[0] == 200  # at the ceiling is allowed
+    assert gw.admin("PUT", "/admin/tenants/batch/limit", {"limit": 4})[0] == 200
 
 
-def test_the_control_loop_asks_for_more_and_gets_the_quota(gw: GatewayProcess, tmp_path: Path) -> None:
-    assert gw.admin("PUT", "/admin/limits", {"limits": {"chat": 2, "batch": 1}})[0] == 200
+def test_the_admin_api_refuses_a_limit_below_the_floor_and_applies_nothing_of_the_batch(gw: GatewayProcess) -> None:
+    v0 = gw.state()["version"]
+    status, body = gw.admin("PUT", "/admin/limits", {"limits": {"chat": 12, "batch": 3}})
+    assert status == 400 and body["reason"] == "below-min-limit"
+    assert "min_limit (its guaranteed share" in body["error"]["message"]
+    assert "batch 3 < 4; allowed: chat 8..14, batch 4..15" in body["error"]["message"]
+    status, body = gw.admin("PUT", "/admin/tenants/chat/limit", {"limit": 0})
+    assert status == 400 and "chat 0 < 8; allowed: chat 8..14" in body["error"]["message"]
+    st = gw.state()
+    assert st["version"] == v0 and (st["tenants"]["chat"]["limit"], st["tenants"]["batch"]["limit"]) == (8, 4)
+
+
+@pytest.mark.parametrize(("policy", "held"), [("static:32", {"chat": 14, "batch": 15}),
+                                             ("static:1", {"chat": 8, "batch": 4})])
+def test_the_control_loop_is_held_between_floor_and_ceiling(gw: GatewayProcess, tmp_path: Path, policy: str,
+                                                             held: dict) -> None:
+    assert gw.admin("PUT", "/admin/limits", {"limits": {"chat": 10, "batch": 10}})[0] == 200
     env = {**os.environ, "ADMIT_ADMIN_TOKEN": ADMIN_TOKEN}
     out = subprocess.run(
-        [str(Path(sys.executable).parent / "admit"), "control", "--gateway", gw.url, "--policy", "static:32",
+        [str(Path(sys.executable).parent / "admit"), "control", "--gateway", gw.url, "--policy", policy,
          "--interval", "200ms", "--spec", "gateway", "--steps", "2", "--log", str(tmp_path / "d.jsonl")],
         capture_output=True, text=True, env=env, timeout=120,
     )
     assert out.returncode == 0, out.stderr
     decisions = [json.loads(x) for x in (tmp_path / "d.jsonl").read_text().splitlines()]
     assert [d["outcome"] for d in decisions] == ["applied", "unchanged"]
-    assert all(d["limits_after"] == {"chat": 8, "batch": 4} for d in decisions)  # asked 32, held at the quota
+    assert all(d["limits_after"] == held for d in decisions)  # asked 32 (or 1), held at the ceiling (or floor)
     st = gw.state()["tenants"]
-    assert (st["chat"]["limit"], st["batch"]["limit"]) == (8, 4)
+    assert {"chat": st["chat"]["limit"], "batch": st["batch"]["limit"]} == held
 
 
 def test_a_bad_kueue_manifest_stops_the_gateway_before_it_listens(mock: CountingMock, tmp_path: Path) -> None:
@@ -165,16 +198,20 @@ def test_a_bad_kueue_manifest_stops_the_gateway_before_it_listens(mock: Counting
         g.stop()
 
 
-def test_a_saved_limit_above_a_shrunken_ceiling_comes_back_at_the_ceiling(mock: CountingMock, tmp_path: Path) -> None:
+def test_a_saved_limit_outside_changed_bounds_comes_back_inside_them(mock: CountingMock, tmp_path: Path) -> None:
     state = {"state_file": str(tmp_path / "state.json")}
-    g = GatewayProcess(tmp_path, mock.url, {**state, "tenants": [tenant_cfg("a", limit=2)]})
+    g = GatewayProcess(tmp_path, mock.url, {**state, "tenants": [tenant_cfg("a", limit=2), tenant_cfg("b", limit=2)]})
     try:
-        assert g.admin("PUT", "/admin/limits", {"limits": {"a": 7}})[0] == 200
+        assert g.admin("PUT", "/admin/limits", {"limits": {"a": 7, "b": 1}})[0] == 200
     finally:
         g.stop()
-    g2 = GatewayProcess(tmp_path, mock.url, {**state, "tenants": [tenant_cfg("a", limit=2, max_limit=5)]})
+    # the quotas changed: a's ceiling shrank below what was saved, b's floor grew above it
+    tenants = [tenant_cfg("a", limit=2, max_limit=5), tenant_cfg("b", limit=3, min_limit=3)]
+    g2 = GatewayProcess(tmp_path, mock.url, {**state, "tenants": tenants})
     try:
-        assert g2.state()["tenants"]["a"]["limit"] == 5
+        st = g2.state()["tenants"]
+        assert (st["a"]["limit"], st["b"]["limit"]) == (5, 3)
         assert "saved limit 7 is above its max_limit 5; 5 is used" in g2.stderr()
+        assert "saved limit 1 is below its min_limit 3; 3 is used" in g2.stderr()
     finally:
         g2.stop()
