@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from admit.agents.static_best import BestStatic, ContractStatic
 from admit.controllers.aimd import AIMDController
 from admit.controllers.around import AroundBase
+from admit.controllers.contract import ContractController
 from admit.controllers.contracts_field import (
     ApfController,
     KueueBorrowController,
@@ -124,6 +125,7 @@ _FACTORIES: dict[str, Callable[[str | None], Controller]] = {
     "kueue-borrow": _no_arg(KueueBorrowController),
     "litellm-reserved": _no_arg(LitellmReservedController),
     "vtc": _no_arg(VtcController),
+    "contract": _no_arg(ContractController),  # keeps the contracts, lends the rest (controllers/contract.py)
     "ledger": _ledger,
     **{name: _robust(name) for name in _ROBUST_ABLATIONS},
 }
