@@ -17,6 +17,11 @@
   the current one as ``before`` — in the overhead table and on the ladder — so a before/after comparison
   is measured in the same run, under the same load. Its code is taken with ``git archive`` into the temp
   dir and imported from there.
+* ``--contract JSON``: also this gateway with a contract on its tenant (core/contract.py, e.g.
+  ``'{"requests_per_s": 750, "burst": 100, "attainment": 0.9}'``) as ``contract``, beside the one without, so
+  the price of classifying each request and of the two classes is measured in the same run.
+
+At each overhead stage the proxies run one after another, in reverse order every other stage.
 
 The backend is the project's mock server (loadgen/mockserver.py) with no delays; the gateway has one
 tenant with a limit no run reaches, no request log and no envelopes. The load generator, the proxy and
@@ -174,6 +179,7 @@ def main() -> None:
     ap.add_argument("--max-duration", type=float, default=5.0)
     ap.add_argument("--max-p99-ms", type=float, default=50.0, help="a carried rate keeps e2e p99 under this")
     ap.add_argument("--baseline", help="a git revision whose gateway runs beside this one as 'before'")
+    ap.add_argument("--contract", type=json.loads, help="also this gateway with this contract on its tenant (JSON)")
     ap.add_argument("--workers", type=int, default=0, help="also a gateway with this many worker processes (Redis)")
     ap.add_argument("--out", type=Path, default=Path("results/gateway_bench.json"))
     args = ap.parse_args()
@@ -185,9 +191,13 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="admit-gwbench-") as tmp, Stack(Path(tmp)) as stack:
         stack.spawn("mock", ["-m", "admit.loadgen.mockserver", "--host", "127.0.0.1", "--port", "0"])
         mock = stack.wait_listening("mock")
-        gw_cfg = {"telemetry": {"nvml": False, "scrape_interval_s": 60},
-                  "tenants": [{"name": "t", "api_keys": [KEY], "limit": 100000, "max_queue": 100000}]}
+        tenant: dict[str, Any] = {"name": "t", "api_keys": [KEY], "limit": 100000, "max_queue": 100000}
+        gw_cfg = {"telemetry": {"nvml": False, "scrape_interval_s": 60}, "tenants": [tenant]}
         proxies = {"direct": mock, "gateway": start_gateway(stack, "gateway", mock, gw_cfg, None)}
+        if args.contract:
+            contract_cfg = {**gw_cfg, "tenants": [{**tenant, "contract": args.contract}]}
+            proxies["contract"] = start_gateway(stack, "contract", mock, contract_cfg, None)
+            result["contract"] = args.contract
         if args.baseline:
             code = baseline_tree(args.baseline, Path(tmp) / "baseline")
             proxies["before"] = start_gateway(stack, "before", mock, gw_cfg, code)
@@ -215,10 +225,14 @@ def main() -> None:
         for shape, (output, stream) in SHAPES.items():
             for rate in rates:
                 row: dict[str, Any] = {"shape": shape, "rate": rate}
-                for label, url in proxies.items():
+                # direct first, then the proxies in turn, in reverse order every other stage so that the
+                # machine's drifting load does not always favour the same one
+                order = list(proxies)[1:]
+                stage = len(result["overhead"])
+                for label in ["direct", *(order[::-1] if stage % 2 else order)]:
                     tag = f"{shape}-{rate:g}-{label}"
-                    row[label] = loadgen(stack, url, tag, rate, output, args.duration, args.warmup, pids[label],
-                                         stream)
+                    row[label] = loadgen(stack, proxies[label], tag, rate, output, args.duration, args.warmup,
+                                         pids[label], stream)
                 direct = row["direct"]
                 for label in proxies:
                     if label == "direct":

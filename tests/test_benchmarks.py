@@ -80,3 +80,15 @@ def test_why_shifts_rule_lends_only_while_the_lender_idles() -> None:
     assert rule.act(obs(5))[0] == 14  # 0.5 req/s of a 5 req/s peak: idle, so 2 -> 16 (one step of at most 16)
     assert rule.act(obs(5, queued=3))[0] == 0  # something queued: not idle
     assert rule.act(obs(40))[0] == 0  # working again: the target is the cap
+
+
+def test_env_step_cost_prices_contracts_on_this_revision_alone() -> None:
+    """benchmarks/env_step_cost.py --contracts without --before: this revision with a contract on every tenant
+    (at its own mean rate, so the scenario accepts them) against itself without, steps and resets."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "env_step_cost.py"), "--contracts", "--env-id",
+                          "admit/TenantAdmission-v1", "--scenario", "servegen-skewed", "--steps", "300", "--repeat",
+                          "1", "--resets", "1"], cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600,
+                         check=True).stdout
+    assert "servegen-skewed: step after/before median" in out and "servegen-skewed: reset after/before median" in out
