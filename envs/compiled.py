@@ -75,8 +75,9 @@ class CompiledSimulation:
         ri[:, K.TEN] = tenant
         ri[:, K.PROMPT] = prompt
         ri[:, K.OUT] = output
-        inside = in_contract(scenario, tenant, times, prompt, output)  # every request, without contracts
-        ri[:, K.INC] = inside
+        # each request's class: without contracts every request is in contract (one queue per tenant)
+        inside = in_contract(scenario, tenant, times, prompt, output) if scenario.has_contracts else None
+        ri[:, K.INC] = 1 if inside is None else inside
         rf = np.full((N, K.NRF), math.nan)
         rf[:, K.ARR] = times
         rf[:, K.USVC] = u_service
@@ -135,7 +136,7 @@ class CompiledSimulation:
         # array, the tenant's region holds its in-contract queue and then its excess queue
         counts = np.bincount(tenant, minlength=n) if N else np.zeros(n, dtype=np.int64)
         base = np.concatenate(([0], np.cumsum(counts)[:-1])).astype(np.int64)
-        n_inside = np.bincount(tenant[inside], minlength=n) if N else np.zeros(n, dtype=np.int64)
+        n_inside = counts if inside is None or not N else np.bincount(tenant[inside], minlength=n)
         self._base = base
         lim = scenario.limits
         ai = np.zeros((n, K.NAI), dtype=np.int64)
