@@ -51,3 +51,15 @@ def weighted_tokens_per_s(t: TenantObservation, window_s: float, tokens_per_requ
     completed prompt tokens) plus ``VTC_OUTPUT_WEIGHT`` × its output tokens per second. The one home of that
     cost: ``ledger`` and ``vtc`` both read service through it."""
     return t.completions / max(window_s, 1e-9) * tokens_per_request + VTC_OUTPUT_WEIGHT * t.output_tokens_per_s
+
+
+# p95 of a window from its p50 and p99 when only those two are observed (TPOT): the log-linear quantile
+# curve through (0.5, p50) and (0.01, p99) in log survival reaches 0.05 at this fraction of the way
+_P95_AT = math.log(0.5 / 0.05) / math.log(0.5 / 0.01)
+
+
+def tpot_p95(t: TenantObservation) -> float:
+    """A tenant's TPOT p95 from the window's p50 and p99 (the Observation carries only those two)."""
+    if t.tpot_p50 <= 0 or t.tpot_p99 <= 0:
+        return t.tpot_p99
+    return t.tpot_p50 * (t.tpot_p99 / t.tpot_p50) ** _P95_AT

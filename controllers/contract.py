@@ -69,10 +69,10 @@ from __future__ import annotations
 
 import math
 
-from admit.controllers.common import slo_missed
+from admit.controllers.common import slo_missed, tpot_p95
 from admit.controllers.contracts_field import MEAN_TOKENS, ceiling, contract_shares, nominal_caps
 from admit.controllers.field import PromptSize
-from admit.controllers.ledger import LedgerController, _tpot_p95
+from admit.controllers.ledger import LedgerController
 from admit.controllers.saturation import SaturationGateController
 from admit.controllers.slo_bound import share_above
 from admit.core.observation import Observation, TenantObservation
@@ -141,7 +141,7 @@ class ContractController:
         return c.requests_per_s_at(size)
 
     def _learn(self, obs: Observation, saturated: bool) -> None:
-        self.ledger._learn(obs)
+        self.ledger.learn(obs)
         self.prompt.update(obs)
         w = max(obs.window_s, 1e-9)
         b = self.smooth
@@ -196,7 +196,7 @@ class ContractController:
         spec = self.spec.tenants[i]
         allow = self.risk_frac * (1.0 - self.attainment[i])
         slow = (t.samples > 0 and math.isfinite(spec.slo_tpot_s) and t.tpot_p99 > 0
-                and share_above(t.tpot_p50, _tpot_p95(t), t.tpot_p99, spec.slo_tpot_s) > allow)
+                and share_above(t.tpot_p50, tpot_p95(t), t.tpot_p99, spec.slo_tpot_s) > allow)
         waits = (t.queue_depth > 0 and math.isfinite(spec.slo_ttft_s)
                  and t.queue_wait_p99 >= self.own_frac * spec.slo_ttft_s)
         if slow:
@@ -249,7 +249,7 @@ class ContractController:
         if math.isfinite(spec.slo_ttft_s):
             ok *= 1.0 - share_above(t.ttft_p50, t.ttft_p95, t.ttft_p99, spec.slo_ttft_s)
         if math.isfinite(spec.slo_tpot_s) and t.tpot_p99 > 0:
-            ok *= 1.0 - share_above(t.tpot_p50, _tpot_p95(t), t.tpot_p99, spec.slo_tpot_s)
+            ok *= 1.0 - share_above(t.tpot_p50, tpot_p95(t), t.tpot_p99, spec.slo_tpot_s)
         if math.isfinite(spec.slo_e2e_s):
             ok *= 1.0 - share_above(t.e2e_p50, t.e2e_p95, t.e2e_p99, spec.slo_e2e_s)
         return 1.0 - ok

@@ -44,20 +44,10 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 
-from admit.controllers.common import weighted_tokens_per_s
+from admit.controllers.common import tpot_p95, weighted_tokens_per_s
 from admit.controllers.slo_bound import MissHistory, share_above
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec
-
-# p95 of a window from its p50 and p99 when only those two are observed (TPOT): the log-linear quantile
-# curve through (0.5, p50) and (0.01, p99) in log survival reaches 0.05 at this fraction of the way
-_P95_AT = math.log(0.5 / 0.05) / math.log(0.5 / 0.01)
-
-
-def _tpot_p95(t: TenantObservation) -> float:
-    if t.tpot_p50 <= 0 or t.tpot_p99 <= 0:
-        return t.tpot_p99
-    return t.tpot_p50 * (t.tpot_p99 / t.tpot_p50) ** _P95_AT
 
 
 class LedgerController:
@@ -105,11 +95,13 @@ class LedgerController:
             if math.isfinite(slo_ttft):
                 ok *= 1.0 - share_above(t.ttft_p50, t.ttft_p95, t.ttft_p99, slo_ttft)
             if math.isfinite(slo_tpot) and t.tpot_p99 > 0:
-                ok *= 1.0 - share_above(t.tpot_p50, _tpot_p95(t), t.tpot_p99, slo_tpot)
+                ok *= 1.0 - share_above(t.tpot_p50, tpot_p95(t), t.tpot_p99, slo_tpot)
             self.miss[i].add(now, t.completions * self.fresh, 1.0 - ok)
         return self.latency[i] and self.miss[i].bounds(self.z)[0] > self.miss_target
 
-    def _learn(self, obs: Observation) -> None:
+    def learn(self, obs: Observation) -> None:
+        """Update the footprint, queued-prompt, service and KV-size estimates from one Observation (the module
+        docstring's formulas); the contract controller reads them too."""
         held = 0.0
         for i, t in enumerate(obs.tenants):
             if t.in_flight > 0 and t.tokens_in_flight > 0:
@@ -127,7 +119,7 @@ class LedgerController:
 
     # ------------------------------------------------------------------ decision
     def act(self, obs: Observation) -> list[int]:
-        self._learn(obs)
+        self.learn(obs)
         now, lim, k = obs.time_s, self.spec.limits, self.spec.limits.max_step
         tenants = obs.tenants
         n = len(tenants)
