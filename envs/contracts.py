@@ -20,31 +20,45 @@ from typing import Any
 import numpy as np
 from admit.core.contract import figures
 from admit.envs.scenario import Scenario, parse_scenario
-from admit.envs.simulation import RequestColumns, classify_compiled, jain
+from admit.envs.simulation import RequestColumns, in_contract, jain
 from admit.envs.workload import Trace
 
 
 def episode_contracts(scenario: Scenario, cols: RequestColumns, warmup_s: float = 0.0
                       ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """(per tenant name with a contract: its figures, overall: contracts, contracts_met, contract_shortfall,
-    jain_share); both empty when no tenant has a contract."""
+    jain_share); both empty when no tenant has a contract. The requests are classified here, on their
+    arrivals (envs/simulation.py's ``in_contract``), and judged by the episode's own test (``cols.good``)."""
     if not scenario.has_contracts:
         return {}, {}
     spec = scenario.control_spec()
+    inside = in_contract(scenario, cols.tenant, cols.arrival, cols.prompt, cols.output)
     good = cols.good([t.request_bounds for t in spec.tenants])
-    counted = cols.arrival >= warmup_s
+    return contract_figures(scenario, cols.tenant, inside, good, cols.prompt, cols.output, cols.arrival >= warmup_s)
+
+
+def contract_figures(scenario: Scenario, tenant: np.ndarray, inside: np.ndarray, good: np.ndarray,
+                     prompt: np.ndarray, output: np.ndarray, counted: np.ndarray | None = None
+                     ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """`episode_contracts`'s figures from per-request columns however they were found: the tenant's index,
+    whether the request was in contract, whether it was good, its prompt and output tokens, and whether it
+    counts (``None``: all of them). The simulator classifies and judges from its request columns; a live run
+    (admit.live.protocol) reads both from the gateway's request log, so both report by this one arithmetic."""
+    if not scenario.has_contracts:
+        return {}, {}
+    if counted is None:
+        counted = np.ones(len(tenant), dtype=bool)
     per: dict[str, dict[str, float]] = {}
     share: list[float] = []  # per tenant with a contract: its good service over its contract's rate
     for k, t in enumerate(scenario.tenants):
         if t.contract is None:
             continue
-        mine = np.flatnonzero(cols.tenant == k)
-        inside = classify_compiled(t.contract, cols.arrival[mine], cols.prompt[mine], cols.output[mine])
-        sel = mine[inside & counted[mine]]
+        mine = np.flatnonzero(tenant == k)
+        sel = mine[inside[mine] & counted[mine]]
         per[t.name] = figures(t.contract, len(sel), int(good[sel].sum()))
         served = mine[good[mine] & counted[mine]]
         units = float(len(served)) if t.contract.unit == "requests" else float(
-            cols.prompt[served].sum(dtype=np.int64) + cols.output[served].sum(dtype=np.int64))
+            prompt[served].sum(dtype=np.int64) + output[served].sum(dtype=np.int64))
         share.append(units / t.contract.rate)
     overall = {
         "contracts": float(len(per)),
