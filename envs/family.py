@@ -208,6 +208,36 @@ class Block(StrictModel):
         return self
 
 
+class ContractDraw(StrictModel):
+    """How a tenant's contract is drawn from its own drawn traffic: ``requests_per_s`` a fraction of the
+    tenant's mean rate (uniform on ``rate``), the burst that many seconds of the contracted rate (uniform on
+    ``burst_s``, at least one request), the attainment as given."""
+
+    rate: tuple[float, float]
+    burst_s: tuple[float, float]
+    attainment: float = Field(gt=0, le=1)
+
+    @model_validator(mode="after")
+    def _ranges(self) -> ContractDraw:
+        for key in ("rate", "burst_s"):
+            lo, hi = getattr(self, key)
+            if not 0 < lo <= hi:
+                raise ValueError(f"contracts {key}: the range needs 0 < low <= high, got [{lo}, {hi}]")
+        return self
+
+
+class ContractsPart(StrictModel):
+    """A family's contracts: per SLO tier (``tiers``) or for every tenant (``all``; a tier's entry wins), then
+    all of an instance's contracts scaled down together where their loads exceed ``max_load``."""
+
+    max_load: float = Field(default=0.8, gt=0, le=1)
+    all: ContractDraw | None = None
+    tiers: dict[str, ContractDraw] = Field(default_factory=dict)
+
+    def draw_for(self, tier: str) -> ContractDraw | None:
+        return self.tiers.get(tier, self.all)
+
+
 class FixedPart(StrictModel):
     """What every instance shares: a scenario without name, description and tenants."""
 
@@ -230,9 +260,14 @@ class Family(StrictModel):
     slo_tiers: dict[str, SLO] = Field(min_length=1)
     scenario: FixedPart
     blocks: dict[str, Block] = Field(min_length=1)
+    contracts: ContractsPart | None = None
 
     @model_validator(mode="after")
     def _consistent(self) -> Family:
+        if self.contracts is not None:
+            unknown = sorted(set(self.contracts.tiers) - set(self.slo_tiers))
+            if unknown:
+                raise ValueError(f"contracts: unknown tiers {unknown}; slo_tiers are {sorted(self.slo_tiers)}")
         for name, b in self.blocks.items():
             unknown = sorted(set(b.tiers) - set(self.slo_tiers))
             if unknown:
@@ -648,6 +683,7 @@ def sample_scenario_data(fam: Family, seed: int) -> dict[str, Any]:
     tenants: list[dict[str, Any]] = []
     notes: list[str] = []
     seen: dict[str, int] = {}
+    drawn: list[tuple[str, float, float]] = []  # per tenant: its tier, mean rate and capacity, for the contracts
     for bname, share in zip(blocks, shares, strict=True):
         blk = fam.blocks[bname]
         tier_names = list(blk.tiers)
@@ -675,13 +711,54 @@ def sample_scenario_data(fam: Family, seed: int) -> dict[str, Any]:
         t["arrival"] = _scaled(unit.arrival.model_dump(), target * cap / rate1)
         tenants.append({"name": name, **t, "slo": fam.slo_tiers[tier].given()})
         notes.append(f"{name} ({bname}, {tier}, {target:.2f})")
+        drawn.append((tier, target * cap, cap))
+    contracts_note = ""
+    if fam.contracts is not None:
+        contracts_note = _draw_contracts(fam.contracts, rng, tenants, drawn)
 
     desc = (f"Instance {seed} of the {fam.name} family ({split} seeds {getattr(fam.seeds, split)}), sampled by "
             f"envs/family.py: {n} tenants at {load:.3f}x the engine's estimated capacity (engine/capacity.py), "
             f"as tenant (block, SLO tier, utilisation): {', '.join(notes)}."
             + (f" Its ServeGen tenants start at {_clock(start_s)} of the table's 14 days."
-               if any(fam.blocks[b].servegen is not None for b in blocks) else ""))
+               if any(fam.blocks[b].servegen is not None for b in blocks) else "")
+            + contracts_note)
     return {**fixed, "name": fam.instance_name(seed), "description": desc, "tenants": tenants}
+
+
+def _draw_contracts(
+    part: ContractsPart, rng: np.random.Generator, tenants: list[dict[str, Any]],
+    drawn: list[tuple[str, float, float]],
+) -> str:
+    """Give ``tenants`` (in place) their contracts, drawn in tenant order from ``rng`` after everything else
+    (a family without contracts draws nothing more): per tenant whose tier has a draw, its rate fraction
+    then its burst seconds; then, where the contracts' loads (rate over the tenant's capacity, as
+    `contract_loads`) sum to more than ``max_load``, every rate times ``max_load / sum`` (the bursts keep
+    their seconds). Returns the description's sentence."""
+    raw: list[tuple[int, float, float, float, float] | None] = []  # index, rate, burst_s, attainment, capacity
+    for i, (tier, rate, cap) in enumerate(drawn):
+        d = part.draw_for(tier)
+        if d is None:
+            raw.append(None)
+            continue
+        frac = float(rng.uniform(*d.rate))
+        burst_s = float(rng.uniform(*d.burst_s))
+        raw.append((i, frac * rate, burst_s, d.attainment, cap))
+    got = [r for r in raw if r is not None]
+    if not got:
+        return ""
+    total = sum(rps / cap for _, rps, _, _, cap in got)
+    # 1e-6 below the bound: the rates are rounded to 6 significant digits after the scaling
+    scale = min(1.0, part.max_load / total * (1.0 - 1e-6)) if total > 0 else 1.0
+    notes = []
+    for i, rps, burst_s, att, cap in got:
+        r = _sig(rps * scale)
+        burst = _sig(max(1.0, burst_s * r))
+        tenants[i]["contract"] = {"requests_per_s": r, "burst": burst, "attainment": att}
+        notes.append(f"{tenants[i]['name']} {r:.3g} req/s, burst {burst:.3g}, {att:g} ({r / cap:.2f})")
+    scaled = (f", all scaled by {scale:.3f} from a load of {total:.2f} to {part.max_load:g}" if scale < 1.0
+              else f", a load of {total:.2f}")
+    return (" Contracts drawn from each tenant's mean rate (rate, burst, attainment, load): "
+            + "; ".join(notes) + scaled + ".")
 
 
 def _clock(t_s: float) -> str:
