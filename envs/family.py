@@ -66,6 +66,9 @@ from pydantic import Field, TypeAdapter, ValidationError, model_validator
 from scipy import special
 
 FAMILY_STREAM = 0xFA417  # the instance stream's tag: instance draws never coincide with an episode's
+LAST_WEEK_STREAM = 0x1A57  # the last-week sibling's stream (with the family tag and the scenario's name)
+LAST_WEEK = "~last-week"  # the suffix naming an instance's last-week sibling: h200-drift@11000~last-week
+LAST_WEEK_RANGE = (0.5, 2.0)  # each tenant's rate times a factor log-uniform on this range
 SPLITS = ("train", "validation", "test")
 SIZE_DRAWS = 16_384  # sizes standing for a size spec in the capacity estimate (see _marginal)
 
@@ -359,9 +362,46 @@ def parse_instance_name(name: str) -> tuple[Family, int]:
 
 
 def instance_data(name: str) -> dict[str, Any]:
-    """The scenario mapping of instance ``FAMILY@SEED`` (what ``load_scenario`` parses, overrides applied)."""
+    """The scenario mapping of instance ``FAMILY@SEED`` (what ``load_scenario`` parses, overrides applied), or
+    of its last-week sibling ``FAMILY@SEED~last-week`` (`last_week`)."""
+    if name.endswith(LAST_WEEK):
+        return last_week_data(instance_data(name[: -len(LAST_WEEK)]))
     fam, seed = parse_instance_name(name)
     return sample_scenario_data(fam, seed)
+
+
+def last_week_data(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The scenario mapping ``data``'s "last week": the same tenants (sizes, SLOs, contracts, everything but
+    the rates) with each tenant's arrival rates times a factor log-uniform on ``LAST_WEEK_RANGE``, drawn in
+    tenant order from a stream of the scenario's name (for an instance, its family and seed), so it is
+    deterministic. Named ``NAME~last-week``. What an operator tunes static caps on before deploying them
+    on this week's traffic (agents/static_best.py, ``static:contract-stale``)."""
+    name = str(data["name"])
+    rng = np.random.default_rng([FAMILY_STREAM, LAST_WEEK_STREAM, zlib.crc32(name.encode())])
+    lo, hi = (math.log(x) for x in LAST_WEEK_RANGE)
+    tenants = []
+    notes = []
+    for t in data["tenants"]:
+        arrival = dict(t["arrival"])
+        kind = str(arrival.get("kind"))
+        if kind not in RATE_FIELDS:
+            raise FamilyError(f"scenario {name}: tenant {t['name']!r}'s arrival {kind!r} has no rate to redraw")
+        factor = _sig(math.exp(rng.uniform(lo, hi)))
+        tenants.append({**t, "arrival": _scaled(arrival, factor)})
+        notes.append(f"{t['name']} x{factor:.2f}")
+    desc = (f"Last week's traffic of {name} (envs/family.py last_week): its tenants with each rate redrawn, "
+            f"{', '.join(notes)}.")
+    return {**data, "name": name + LAST_WEEK, "description": desc, "tenants": tenants}
+
+
+def last_week(scenario: Scenario | str) -> Scenario:
+    """The last-week sibling of a scenario or of a scenario name (bundled, a path, ``FAMILY@SEED``): see
+    `last_week_data`. A scenario's own overrides (a shorter horizon, say) are kept."""
+    from admit.envs.scenario import load_scenario
+
+    sc = load_scenario(scenario) if isinstance(scenario, str) else scenario
+    data = sc.model_dump(mode="json", exclude_unset=True)
+    return parse_scenario(last_week_data(data), sc.name + LAST_WEEK)
 
 
 # --------------------------------------------------------------------------- mean rates and capacity
