@@ -56,12 +56,16 @@ def _static(arg: str | None) -> Controller:
         return BestStatic()
     if arg == "contract":  # the caps with the most goodput that keep every contract
         return ContractStatic()
+    if arg == "contract-stale":  # static:contract's caps tuned on last week's traffic (envs/family.py last_week)
+        from admit.agents.static_best import StaleContractStatic
+
+        return StaleContractStatic()
     try:
         caps = [int(x) for x in arg.split(",")]
     except ValueError:
         raise ValueError(
-            "static:ARG takes an integer cap, comma-separated caps per tenant, 'best', 'contract' or 'share', "
-            f"got {arg!r}"
+            "static:ARG takes an integer cap, comma-separated caps per tenant, 'best', 'contract', "
+            f"'contract-stale' or 'share', got {arg!r}"
         ) from None
     c = StaticController(caps[0] if len(caps) == 1 else caps)
     c.name = f"static:{arg}"

@@ -300,3 +300,27 @@ class ContractStatic(BestStatic):
     objective: SearchGoal = "contract"
 
 
+class StaleContractStatic(ContractStatic):
+    """``static:contract-stale``: static:contract's caps tuned on the scenario's "last week" (envs/family.py
+    `last_week`: the same tenants and contracts, each tenant's rates times a factor in ×0.5–×2, deterministic
+    in the scenario's name) and deployed unchanged on this week's traffic: what an operator who sets quotas
+    from last week's traffic gets. Stored and found by the sibling's fingerprint, in static-contract/ folders
+    like static:contract's (the sibling is a scenario of its own, ``NAME~last-week``)."""
+
+    name = "static:contract-stale"
+
+    def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
+        from admit.envs.family import last_week  # families load only when asked for
+
+        sc = self.scenario
+        if sc is None:
+            sc = scenario_for_spec(spec)
+        elif sc.control_spec() != spec:
+            raise ValueError(f"{self.name} is bound to scenario {sc.name!r} but was reset with another control spec")
+        sibling = last_week(sc)
+        tuned = tuned_caps(sibling, objective=self.objective)
+        if seed is not None:
+            _refuse_overlap(tuned, [seed], self.name)
+        self.tuned = tuned
+        self.cap = list(tuned.caps)
+        StaticController.reset(self, spec, seed)

@@ -4,6 +4,7 @@ last-week sibling (``last_week``)."""
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -47,7 +48,7 @@ def test_drift_contracts_are_drawn_deterministically_from_the_tenants_rates_and_
 
 
 def test_contracts_are_scaled_together_to_max_load_and_families_without_them_have_none() -> None:
-    data = yaml.safe_load(open(load_family_path("h200-mix")).read())
+    data = yaml.safe_load(Path(load_family_path("h200-mix")).read_text())
     data["contracts"] = {"max_load": 0.3, "all": {"rate": [0.9, 1.0], "burst_s": [1, 2], "attainment": 0.9}}
     fam = parse_family(data, "h200-mix with contracts")
     for seed in (11000, 11001, 11002):
