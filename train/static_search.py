@@ -23,9 +23,10 @@ than ``race_margin`` (2%) below the leader's is dropped (recorded as pruned, nev
 ends at the caps of the unraced search with fewer episodes (docs/controllers.md).
 
 **Under contracts** (``objective="contract"``, static:contract): the score is the mean goodput less
-``CONTRACT_PENALTY`` (1000 req/s) per in-contract request short of a promise per seed, each tenant's promise
-judged on its in-contract requests pooled over the tuning seeds (core/contract.py); so caps that keep more
-promises always win, and among caps that keep them all the most goodput does (the smallest caps on ties).
+``BROKEN_PENALTY`` per promise broken and ``CONTRACT_PENALTY`` (1000 req/s) per in-contract request short of a
+promise per seed, each tenant's promise judged on its in-contract requests pooled over the tuning seeds
+(core/contract.py); so caps that keep more promises always win, then caps short by fewer requests, and among
+caps that keep them all the most goodput does (the smallest caps on ties).
 The race is off there: it compares goodput alone and could drop the only caps that keep a promise.
 
 The result is a tuning store (`SearchResult.to_json`, written by `write_store`; `fingerprint` names the scenario it
@@ -88,6 +89,7 @@ KEPT_METRICS = (
 
 CONTRACT_COUNTS = ("contract_arrived", "contract_good")  # per tenant with a contract: what the promise is judged on
 CONTRACT_PENALTY = 1000.0  # req/s of goodput one in-contract request short of a promise (per seed) outweighs
+BROKEN_PENALTY = 1e9  # one promise broken outweighs any shortfall (an episode's requests, ~1e5 at most) and goodput
 
 SEARCH_SEEDS: tuple[int, ...] = tuple(range(900_000, 900_005))
 """The seeds static:best's caps are tuned on: ``admit evaluate``'s seeds 0..N-1, the training env's validation
@@ -451,13 +453,16 @@ class SimObjective:
         return out
 
     def score(self, caps: Caps) -> float:
-        """What the search maximises: the mean goodput, less (under the contracts) ``CONTRACT_PENALTY`` per
-        in-contract request short of a promise per seed, so any caps that keep more promises win."""
+        """What the search maximises: the mean goodput, less (under the contracts) ``BROKEN_PENALTY`` per promise
+        broken and ``CONTRACT_PENALTY`` per in-contract request short of one per seed: caps that keep more promises
+        win, then those short by fewer requests, then those with more goodput."""
         good = self.mean(caps)
         if self.kind == "goodput":
             return good
-        short = sum(f["contract_shortfall"] for f in self.contracts(caps).values())
-        return good - CONTRACT_PENALTY * short / len(self.seeds)
+        figs = self.contracts(caps).values()
+        broken = sum(1 for f in figs if not f["contract_met"])
+        short = sum(f["contract_shortfall"] for f in figs)
+        return good - BROKEN_PENALTY * broken - CONTRACT_PENALTY * short / len(self.seeds)
 
     def __call__(self, points: Sequence[Caps]) -> list[float]:
         """The mean goodput of every point over the seeds; ``-inf`` for a point the race dropped."""
@@ -543,8 +548,8 @@ class SearchResult:
             "seeds": self.seeds,
             "objective": "mean goodput_rps over the seeds (offline.rollout of the static caps, ramp from initial)"
             if ob.kind == "goodput" else "the most mean goodput_rps over the seeds among the caps that keep every "
-            "contract on the seeds pooled (each in-contract request short of a promise costs "
-            f"{CONTRACT_PENALTY:g} req/s a seed)",
+            "contract on the seeds pooled (each promise broken costs "
+            f"{BROKEN_PENALTY:g} req/s, each in-contract request short of one {CONTRACT_PENALTY:g} req/s a seed)",
             "searched_for": ob.kind,
             **under,
             "goodput_rps": best["goodput_rps"],

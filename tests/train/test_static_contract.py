@@ -77,3 +77,23 @@ def test_static_contract_searches_on_the_fly_deploys_and_refuses_its_own_seeds(c
     assert ep["tenants"]["long-context"]["contract_arrived"] > 0
     with pytest.raises(ValueError, match="static:contract's caps .* were tuned on seeds"):
         make_controller("static:contract", scenario=sc).reset(sc.control_spec(), 900000)
+
+
+def test_more_promises_kept_outrank_a_smaller_shortfall_which_outranks_goodput() -> None:
+    """The search's score: caps that keep one of two promises (short by 50 requests on the other) beat caps that
+    break both by a request each, which beat the same with more goodput but a larger shortfall."""
+    d = load_scenario("h200-live-small").model_dump(exclude_none=True, mode="json")
+    for t in d["tenants"]:
+        t["contract"] = {"requests_per_s": 1.0, "burst": 2, "attainment": 0.9}
+    sc = parse_scenario(d, "two contracts")
+    ob = search.SimObjective(sc, [0], None, 1, objective="contract")
+
+    def put(caps: tuple[int, int], goodput: float, good: tuple[int, int]) -> None:
+        tenants = {name: {"contract_arrived": 100.0, "contract_good": float(g)}
+                   for name, g in zip(("chat", "agent"), good, strict=True)}
+        ob.episodes[(caps, 0)] = {"goodput_rps": goodput, "tenants": tenants}
+
+    put((1, 1), 1.0, (90, 40))  # chat kept, agent 50 short
+    put((2, 2), 9.0, (89, 89))  # both broken, a request short each
+    put((3, 3), 9.5, (88, 88))  # both broken, two short each, more goodput
+    assert ob.score((1, 1)) > ob.score((2, 2)) > ob.score((3, 3))
