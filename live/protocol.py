@@ -29,6 +29,13 @@ limit, throughput). A tenant with no completion has latencies 0, as in the simul
 runs the same protocol in the simulator (same seeds, same requests, same schema: ``simulated``) and prints
 each policy's live and simulated figures side by side with the difference.
 
+Where the scenario's tenants have contracts (core/contract.py), each run's gateway classifies every request
+at its arrival on its tenant's contract (admit.live.sim2live.gateway_config passes them), and the run's
+contract figures are read from its request log (`live_contracts`: the gateway's classes, each request good by
+the simulator's test, envs/contracts.py's arithmetic); the twin gets them offline, the statistics summarise
+them with each tenant's contract, and the verdicts by the contracts are in the JSON (``verdicts``) as in the
+table. Without contracts none of this appears.
+
 ``calibration`` (an `admit calibrate` result of the backend) replaces the scenario's engine preset by its fit
 wherever a model of the engine is used: the policies are bound to the scenario on it, in this process (where
 static:best is tuned, before the first run, if it has no caps for that engine yet: agents/static_best.py's
@@ -64,18 +71,21 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 from admit.agents.registry import make_controller
 from admit.core import metrics_page
 from admit.core.metrics_page import E2E, KV, PREEMPTIONS, RUNNING, WAITING
+from admit.core.slo import is_good, tpot
 from admit.engine.presets import overriding, preset_from_calibration
 from admit.engine.request import Request
+from admit.envs.contracts import contract_figures, contract_json, episode_contracts
 from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
 from admit.envs.simulation import Simulation, jain
 from admit.evaluate.offline import METRICS as ALL_METRICS
 from admit.evaluate.offline import TENANT_METRICS as ALL_TENANT_METRICS
 from admit.evaluate.offline import Episode, Evaluation, check_policies
-from admit.live.run import run_live
+from admit.live.run import read_request_log, run_live
 from admit.live.sim2live import DRAIN_S, gateway_config, load_config, replay_requests, write_trace
 from admit.live.stack import Stack, wait_idle
 from rich.console import Console
@@ -86,6 +96,7 @@ FORMAT = "admit-protocol/1"
 METRICS = tuple(m for m in ALL_METRICS if m not in ("p99_s", "p50_s", "slo_attainment", "jain_fairness"))
 TENANT_METRICS = tuple(m for m in ALL_TENANT_METRICS if m != "output_tokens_per_s")
 SIDE_BY_SIDE = ("goodput_rps", "attainment", "worst_attainment", "ttft_p99_s", "tpot_p99_s", "e2e_p99_s")
+SIDE_BY_SIDE_CONTRACTS = ("contracts_met", "contract_shortfall", "jain_share")  # beside them, where measured
 
 
 class ProtocolError(ValueError):
@@ -103,8 +114,40 @@ def _lat(v: float | None) -> float:
     return 0.0 if v is None else float(v)
 
 
+def live_contracts(sc: Scenario, lines: list[dict[str, Any]]) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+    """A live run's contract figures (envs/contracts.py's, both empty without contracts) from the gateway's
+    request log (admit.live.run.read_request_log's lines, cut at the warm-up): the requests the gateway
+    classified (``contract_at`` set: a line it never classified, such as the load generator's GET /v1/models or
+    a body it could not read, was no request offered to the tenant's contract), each in contract as the
+    gateway classified it at arrival (``in_contract``), good as the gateway and the simulator judge it (outcome
+    ok within each of the tenant's per-request objectives, core/slo.py's ``is_good`` on the gateway's TTFT,
+    TPOT and e2e), by envs/contracts.py's ``contract_figures``, the simulator's arithmetic. Only tenants with a
+    contract enter those figures, so their lines are all it reads."""
+    if not sc.has_contracts:
+        return {}, {}
+    index = {t.name: k for k, t in enumerate(sc.tenants)}
+    rows = [r for r in lines if r["tenant"] in index and r.get("contract_at") is not None]
+    bounds = [t.request_bounds for t in sc.control_spec().tenants]
+
+    def good(r: dict[str, Any]) -> bool:
+        if r["outcome"] != "ok" or r.get("e2e_s") is None:
+            return False
+        e2e = float(r["e2e_s"])
+        ttft = e2e if r.get("ttft_s") is None else float(r["ttft_s"])  # an unstreamed answer: its first token last
+        return is_good(ttft, tpot(e2e, ttft, int(r["output_tokens"])), e2e, bounds[index[r["tenant"]]])
+
+    def col(values: list[Any], dtype: type) -> np.ndarray:
+        return np.array(values, dtype=dtype)
+
+    return contract_figures(sc, col([index[r["tenant"]] for r in rows], np.int64),
+                            col([r.get("in_contract") is True for r in rows], bool), col([good(r) for r in rows], bool),
+                            col([int(r["prompt_tokens"]) for r in rows], np.int64),
+                            col([int(r["output_tokens"]) for r in rows], np.int64))
+
+
 def live_episode(run: dict[str, Any]) -> Episode:
-    """One live run (admit.live.run.run_live's record) as an Episode of `METRICS` and `TENANT_METRICS`."""
+    """One live run (admit.live.run.run_live's record) as an Episode of `METRICS` and `TENANT_METRICS`, and
+    where the tenants have contracts their figures (``run["contracts"]``: `live_contracts`)."""
     tenants: dict[str, dict[str, float]] = {}
     for name, t in run["tenants"].items():
         sched = int(t["scheduled"])
@@ -124,6 +167,9 @@ def live_episode(run: dict[str, Any]) -> Episode:
     good = sum(t["good"] for t in tenants.values())
     seen = [t["attainment"] for t in tenants.values() if t["arrived"] > 0]
     limits = [sum(t["limits"]) / len(t["limits"]) for t in run["tenants"].values() if t["limits"]]
+    per, overall = run.get("contracts", ({}, {}))
+    for name, f in per.items():
+        tenants[name].update(f)
     return {
         "goodput_rps": float(run["goodput_rps"]),
         "attainment": good / arrived if arrived else 1.0,
@@ -136,6 +182,7 @@ def live_episode(run: dict[str, Any]) -> Episode:
         "mean_limit": sum(limits) / len(limits) if limits else 0.0,
         "throughput_rps": float(run["throughput_rps"]),
         "dropped": sum(t["timeouts"] + t["rejected"] for t in tenants.values()),
+        **overall,
         "tenants": tenants,
     }
 
@@ -157,6 +204,11 @@ def sim_episode(sc: Scenario, requests: list[Request], policy: str, seed: int,
     ep["mean_limit"] = float(stats.mean_limit)
     ep["tenants"] = {n: {m: float(v) for m, v in t.items() if m in TENANT_METRICS}
                      for n, t in sim.tenant_summary().items()}
+    if sc.has_contracts:  # the same figures as rollout's, counted after the same warm-up
+        per, overall = episode_contracts(sc, sim.request_columns(), warmup_s)
+        ep.update(overall)
+        for name, f in per.items():
+            ep["tenants"][name].update(f)
     return ep
 
 
@@ -197,28 +249,47 @@ def _write(out: Path, data: dict[str, Any]) -> None:
 
 
 def statistics(name: str, duration: float, policies: Sequence[str], seeds: Sequence[int],
-               episodes: dict[str, dict[int, Episode]]) -> dict[str, Any] | None:
-    """`admit evaluate`'s JSON over ``seeds`` (the valid repeats); None when there is no valid repeat."""
+               episodes: dict[str, dict[int, Episode]], contracts: dict[str, dict] | None = None
+               ) -> dict[str, Any] | None:
+    """`admit evaluate`'s JSON over ``seeds`` (the valid repeats); None when there is no valid repeat.
+    ``contracts``: each tenant's contract as given (envs/contracts.py's ``contract_json``), where there are
+    contracts: the contract figures are then summarised too and the verdict judges by them."""
     if not seeds:
         return None
     per_seed = {p: [episodes[p][s] for s in seeds] for p in policies}
-    return Evaluation(name, list(seeds), list(policies), per_seed, duration, METRICS, TENANT_METRICS).to_json()
+    return Evaluation(name, list(seeds), list(policies), per_seed, duration, METRICS, TENANT_METRICS,
+                      contracts=contracts or {}).to_json()
+
+
+def verdict_json(stats: dict[str, Any] | None) -> dict[str, Any] | None:
+    """evaluate/verdict.py's verdict of every policy against the first (outcome and reasons; None for the
+    first), or None without statistics."""
+    if stats is None:
+        return None
+    from admit.evaluate.verdict import verdicts
+
+    return {p: None if v is None else {"outcome": v.outcome, "reasons": list(v.reasons)}
+            for p, v in verdicts(stats).items()}
 
 
 def aggregate(name: str, duration: float, policies: Sequence[str], seeds: Sequence[int], runs: dict[str, Any],
-              simulate: bool) -> dict[str, Any]:
+              simulate: bool, contracts: dict[str, dict] | None = None) -> dict[str, Any]:
     """The statistics over the repeats whose every run was valid (a repeat with one invalid run is excluded for
     every policy: the tests are paired by repeat), what was excluded and why, and the simulated twin's
-    statistics over every repeat (the simulator cannot fall behind)."""
+    statistics over every repeat (the simulator cannot fall behind). Where the tenants have ``contracts``
+    (`statistics`), ``verdicts`` too: evaluate/verdict.py's, by the contracts, live and of the twin."""
     valid = [s for s in seeds if all(runs[f"{s}/{p}"]["valid"] for p in policies)]
     excluded = [{"seed": s, "reasons": [f"{p}: {r}" for p in policies for r in runs[f"{s}/{p}"]["invalid_reasons"]]}
                 for s in seeds if s not in valid]
     live_eps = {p: {s: runs[f"{s}/{p}"]["episode"] for s in seeds} for p in policies}
-    out = {"valid_repeats": valid, "excluded": excluded,
-           "results": statistics(name, duration, policies, valid, live_eps)}
+    out: dict[str, Any] = {"valid_repeats": valid, "excluded": excluded,
+                           "results": statistics(name, duration, policies, valid, live_eps, contracts)}
     if simulate:
         sim_eps = {p: {s: runs[f"{s}/{p}"]["simulated"] for s in seeds} for p in policies}
-        out["simulated"] = statistics(name, duration, policies, seeds, sim_eps)
+        out["simulated"] = statistics(name, duration, policies, seeds, sim_eps, contracts)
+    if contracts:
+        out["verdicts"] = {"results": verdict_json(out["results"]),
+                           **({"simulated": verdict_json(out["simulated"])} if simulate else {})}
     return out
 
 
@@ -304,7 +375,10 @@ def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str,
             run = run_live(stack, target, "live", gateway_config(sc), load, policy, sc.interval_s,
                            scenario=scenario, start_on_traffic=True, calibration=calibration)
         run["backend"] = sampler.figures()
-    run.pop("workdir", None)
+    work = Path(run.pop("workdir"))
+    if sc.has_contracts:  # the gateway's request log from the load's start after the warm-up, as run_live reads it
+        started = float(json.loads((work / "loadgen" / "summary.json").read_text())["stages"][0]["started_unix"])
+        run["contracts"] = live_contracts(sc, read_request_log(work / "requests.jsonl", started + warmup))
     return run
 
 
@@ -441,7 +515,7 @@ def run_protocol(scenario: str, policies: Sequence[str], repeats: int, duration:
                 requests = replay_requests(sc, s)
                 for p in policies:
                     runs[f"{s}/{p}"]["simulated"] = sim_episode(sc, requests, p, s, full, warmup)
-    data = {**snapshot(), **aggregate(sc.name, duration, policies, seeds, runs, simulate)}
+    data = {**snapshot(), **aggregate(sc.name, duration, policies, seeds, runs, simulate, contract_json(sc))}
     stats = data["results"]
     _write(out, data)
     print_protocol(data, console)
@@ -500,8 +574,9 @@ def print_protocol(data: dict[str, Any], console: Console) -> None:
     for col in ("policy", "figure", "live", "simulated", "difference"):
         table.add_column(col, justify="left" if col in ("policy", "figure") else "right")
     for p, e in data["results"]["policies"].items():
-        for i, m in enumerate(SIDE_BY_SIDE):
+        figs = [*SIDE_BY_SIDE, *(m for m in SIDE_BY_SIDE_CONTRACTS if m in e and m in sim["policies"][p])]
+        for i, m in enumerate(figs):
             a, b = e[m]["mean"], sim["policies"][p][m]["mean"]
             diff = f"{(b - a) / a:+.1%}" if a else "—"
-            table.add_row(p if i == 0 else "", m, f"{a:.3f}", f"{b:.3f}", diff, end_section=i == len(SIDE_BY_SIDE) - 1)
+            table.add_row(p if i == 0 else "", m, f"{a:.3f}", f"{b:.3f}", diff, end_section=i == len(figs) - 1)
     console.print(table)

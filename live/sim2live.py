@@ -127,6 +127,8 @@ def gateway_config(scenario: Scenario) -> dict[str, Any]:
             t["queue_timeout_s"] = scenario.queue_timeout(i)
         if tc.slo.given():
             t["slo"] = tc.slo.given()  # one SLO shape in the scenario and the gateway (core/slo.py)
+        if tc.contract is not None:  # the gateway classifies each request on it, as the simulator does
+            t["contract"] = tc.contract.model_dump(exclude_none=True)
         tenants.append(t)
     lim = scenario.limits
     return {"telemetry": {"scrape_interval_s": 1, "stale_after_s": 5, "window_s": scenario.window_s},
