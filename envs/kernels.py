@@ -1570,23 +1570,28 @@ def run_rule(E, S, arrivals, rule, params, targets, k, lo, hi, interval, end, ou
 
 # --------------------------------------------------------------------------- contracts
 @kernel
-def contract_classify(t: np.ndarray, cost: np.ndarray, rate: float, burst: float, out: np.ndarray) -> None:
-    """core/contract.py's ``ContractMeter`` over one tenant's requests in arrival order, with core/gcra.py's
-    arithmetic in its order (the bucket full at the first arrival; only an in-contract request spends):
-    ``out[i]`` is whether request i is in contract. What ``classify`` gives, without a Python call per request
-    (tests/envs/test_contracts.py compares them)."""
-    n = t.shape[0]
-    if n == 0:
-        return
-    per = 1.0 / rate
-    tat = t[0]
-    for i in range(n):
+def contract_classify_all(t: np.ndarray, tenant: np.ndarray, cost: np.ndarray, rate: np.ndarray,
+                          burst: np.ndarray, tat: np.ndarray, out: np.ndarray) -> None:
+    """core/contract.py's ``ContractMeter`` for every tenant in one pass over an episode's requests in arrival
+    order, with core/gcra.py's arithmetic in its order (the bucket full at a tenant's first request; only an
+    in-contract request spends): ``out[i]`` is whether request i is in contract. Tenant k has a contract where
+    ``rate[k] > 0`` (its envelope's TAT in ``tat[k]``, NaN until its first request); a request of a tenant
+    without one is in contract."""
+    for i in range(t.shape[0]):
+        k = tenant[i]
+        r = rate[k]
+        if r <= 0:
+            out[i] = True
+            continue
         now = t[i]
+        if tat[k] != tat[k]:  # NaN: the tenant's first request finds its envelope full
+            tat[k] = now
+        per = 1.0 / r
         qty = cost[i]
-        tau = max(per * burst, qty * per)
-        wait = max(tat - now, 0.0) + qty * per - tau
+        tau = max(per * burst[k], qty * per)
+        wait = max(tat[k] - now, 0.0) + qty * per - tau
         if wait <= 0:
             out[i] = True
-            tat = max(tat, now) + qty / rate
+            tat[k] = max(tat[k], now) + qty / r
         else:
             out[i] = False

@@ -158,33 +158,36 @@ def draw_request_columns(scenario: Scenario, seed: int) -> tuple[np.ndarray, ...
 
 def in_contract(scenario: Scenario, tenant: np.ndarray, arrival: np.ndarray, prompt: np.ndarray,
                 output: np.ndarray) -> np.ndarray:
-    """Per request (columns in arrival order), whether it is in its tenant's contract: core/contract.py's
-    ``classify`` (compiled: `classify_compiled`) on each tenant's requests, from their arrivals and sizes alone.
-    Every request of a tenant without a contract counts as in contract (the admission core then has one queue
-    for it)."""
-    flags = np.ones(len(tenant), dtype=bool)
-    for k, t in enumerate(scenario.tenants):
-        if t.contract is not None:
-            mine = np.flatnonzero(tenant == k)
-            flags[mine] = classify_compiled(t.contract, arrival[mine], prompt[mine], output[mine])
+    """Per request (columns in arrival order), whether it is in its tenant's contract (`classify_requests` with
+    the scenario's contracts). Every request of a tenant without a contract counts as in contract (the
+    admission core then has one queue for it)."""
+    return classify_requests([t.contract for t in scenario.tenants], tenant, arrival, prompt, output)
+
+
+def classify_requests(contracts: Sequence[Contract | None], tenant: np.ndarray, arrival: np.ndarray,
+                      prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
+    """core/contract.py's ``classify`` of each tenant's requests (``contracts[k]`` is tenant k's, None for no
+    contract: all in), from arrivals and sizes alone, compiled: envs/kernels.py's ``contract_classify_all`` runs
+    every tenant's envelope in one pass over the requests, so an episode's start pays no Python call per
+    request (tests/envs/test_contracts.py compares it with ``classify`` flag for flag)."""
+    from admit.envs.kernels import contract_classify_all  # loads numba: only where there are contracts
+
+    n = len(contracts)
+    rate, burst = np.zeros(n), np.ones(n)
+    tokens = np.zeros(n, dtype=bool)  # whose contract counts tokens
+    for k, c in enumerate(contracts):
+        if c is not None:
+            rate[k], burst[k] = c.rate, float(max(1, math.ceil(c.burst)))
+            tokens[k] = c.unit == "tokens"
+    ten = np.ascontiguousarray(tenant, dtype=np.int64)
+    t_arr = np.ascontiguousarray(arrival, dtype=np.float64)
+    if t_arr.size > 1 and bool(np.any(np.diff(t_arr) < 0)):
+        raise ValueError("contract classification needs the requests in arrival order (non-decreasing times)")
+    sizes = np.asarray(prompt, dtype=np.int64) + np.asarray(output, dtype=np.int64)
+    cost = np.where(tokens[ten], sizes, 1).astype(np.float64)
+    flags = np.empty(len(ten), dtype=np.bool_)
+    contract_classify_all(t_arr, ten, cost, rate, burst, np.full(n, math.nan), flags)
     return flags
-
-
-def classify_compiled(contract: Contract, arrival: np.ndarray, prompt: np.ndarray, output: np.ndarray) -> np.ndarray:
-    """core/contract.py's ``classify`` compiled (envs/kernels.py ``contract_classify``): the same flags without
-    a Python call per request, which would cost an episode's start as much as its steps."""
-    from admit.envs.kernels import contract_classify  # loads numba: only where there are contracts
-
-    t = np.ascontiguousarray(arrival, dtype=np.float64)
-    if t.size > 1 and bool(np.any(np.diff(t) < 0)):
-        raise ValueError("contract classification needs a tenant's arrivals in order (non-decreasing times)")
-    if contract.unit == "requests":
-        cost = np.ones(len(t), dtype=np.float64)
-    else:
-        cost = (np.asarray(prompt, dtype=np.int64) + np.asarray(output, dtype=np.int64)).astype(np.float64)
-    out = np.empty(len(t), dtype=np.bool_)
-    contract_classify(t, cost, contract.rate, float(max(1, math.ceil(contract.burst))), out)
-    return out
 
 
 def draw_requests(scenario: Scenario, seed: int) -> list[Request]:

@@ -131,18 +131,28 @@ def test_at_contract_each_tenant_sends_its_contract_and_a_trace_keeps_its_sizes(
 
 @settings(max_examples=150, deadline=None)
 @given(gaps=st.lists(st.floats(0, 3.0, allow_nan=False), min_size=0, max_size=200),
+       who=st.lists(st.integers(0, 2), min_size=200, max_size=200),
        sizes=st.lists(st.tuples(st.integers(1, 5000), st.integers(1, 2000)), min_size=200, max_size=200),
-       rate=st.floats(0.01, 5e4), burst=st.floats(1, 1e5), tokens=st.booleans(), start=st.floats(0, 1e6))
-def test_the_compiled_classification_is_the_meters(gaps: list[float], sizes: list[tuple[int, int]], rate: float,
-                                                   burst: float, tokens: bool, start: float) -> None:
-    """envs/kernels.py's contract_classify (what the worlds use, so an episode's start pays no Python call per
-    request) gives core/contract.py's classification, the gateway's, flag for flag."""
+       rates=st.lists(st.floats(0.01, 5e4), min_size=2, max_size=2),
+       bursts=st.lists(st.floats(1, 1e5), min_size=2, max_size=2), start=st.floats(0, 1e6))
+def test_the_compiled_classification_is_the_meters(gaps: list[float], who: list[int],
+                                                   sizes: list[tuple[int, int]], rates: list[float],
+                                                   bursts: list[float], start: float) -> None:
+    """envs/simulation.py's classify_requests (envs/kernels.py's one pass over every tenant, what the worlds use
+    so that an episode's start pays no Python call per request) gives core/contract.py's classification, the
+    gateway's, tenant by tenant and flag for flag: tenant 0 with a request contract, 1 with a token contract,
+    2 with none (all in)."""
     from admit.core.contract import Contract, classify
-    from admit.envs.simulation import classify_compiled
+    from admit.envs.simulation import classify_requests
 
-    c = Contract(**({"tokens_per_s": rate} if tokens else {"requests_per_s": min(rate, 1e6)}), burst=burst,
-                 attainment=0.9)
+    contracts = [Contract(requests_per_s=min(rates[0], 1e6), burst=bursts[0], attainment=0.9),
+                 Contract(tokens_per_s=rates[1], burst=bursts[1], attainment=0.9), None]
     t = start + np.cumsum(np.asarray(gaps, dtype=np.float64))
+    ten = np.asarray(who[: len(t)], dtype=np.int64)
     p = np.asarray([a for a, _ in sizes[: len(t)]], dtype=np.int64)
     o = np.asarray([b for _, b in sizes[: len(t)]], dtype=np.int64)
-    assert classify_compiled(c, t, p, o).tolist() == classify(c, t, p, o).tolist()
+    got = classify_requests(contracts, ten, t, p, o)
+    for k, c in enumerate(contracts):
+        mine = ten == k
+        want = classify(c, t[mine], p[mine], o[mine]) if c is not None else np.ones(int(mine.sum()), dtype=bool)
+        assert got[mine].tolist() == want.tolist()
