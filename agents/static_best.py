@@ -283,12 +283,16 @@ class BestStatic(StaticController):
             sc = scenario_for_spec(spec)
         elif sc.control_spec() != spec:
             raise ValueError(f"{self.name} is bound to scenario {sc.name!r} but was reset with another control spec")
-        tuned = tuned_caps(sc, objective=self.objective)
+        tuned = tuned_caps(self.searched_on(sc), objective=self.objective)
         if seed is not None:
             _refuse_overlap(tuned, [seed], self.name)
         self.tuned = tuned
         self.cap = list(tuned.caps)
         super().reset(spec, seed)
+
+    def searched_on(self, scenario: Scenario) -> Scenario:
+        """The scenario whose caps it deploys on ``scenario``: that one itself."""
+        return scenario
 
 
 class ContractStatic(BestStatic):
@@ -309,18 +313,8 @@ class StaleContractStatic(ContractStatic):
 
     name = "static:contract-stale"
 
-    def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
+    def searched_on(self, scenario: Scenario) -> Scenario:
+        """Its last-week sibling (envs/family.py ``last_week``)."""
         from admit.envs.family import last_week  # families load only when asked for
 
-        sc = self.scenario
-        if sc is None:
-            sc = scenario_for_spec(spec)
-        elif sc.control_spec() != spec:
-            raise ValueError(f"{self.name} is bound to scenario {sc.name!r} but was reset with another control spec")
-        sibling = last_week(sc)
-        tuned = tuned_caps(sibling, objective=self.objective)
-        if seed is not None:
-            _refuse_overlap(tuned, [seed], self.name)
-        self.tuned = tuned
-        self.cap = list(tuned.caps)
-        StaticController.reset(self, spec, seed)
+        return last_week(scenario)

@@ -12,7 +12,7 @@ from admit.core.controller import validate_deltas
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.envs.compiled import make_simulation
-from admit.envs.scenario import Scenario, load_scenario, parse_scenario
+from contract_helpers import AGENT, CHAT, with_contracts
 
 LIMITS = Limits(min=1, max=64, initial=25, max_step=4)  # C = 75 for three tenants
 RPS = Contract(requests_per_s=2.0, burst=5, attainment=0.9)
@@ -116,18 +116,6 @@ def test_a_patient_owners_guarantee_follows_its_good_completions() -> None:
 def test_unknown_guarantee_is_refused() -> None:
     with pytest.raises(ValueError, match="guarantee must be one of"):
         ContractController(guarantee="best")
-
-
-CHAT = {"requests_per_s": 1.5, "burst": 5, "attainment": 0.95}
-AGENT = {"tokens_per_s": 6000, "burst": 20000, "attainment": 0.9}
-
-
-def with_contracts(name: str, contracts: dict[str, dict[str, float]], horizon_s: float) -> Scenario:
-    data = load_scenario(name).model_dump(exclude_none=True)
-    for x in data["tenants"]:
-        if x["name"] in contracts:
-            x["contract"] = contracts[x["name"]]
-    return parse_scenario({**data, "horizon_s": horizon_s}, f"{name} with contracts")
 
 
 class Recording:

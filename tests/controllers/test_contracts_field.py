@@ -21,7 +21,7 @@ from admit.core.controller import validate_deltas
 from admit.core.observation import Observation, TenantObservation
 from admit.core.spec import ControlSpec, Limits, TenantSpec
 from admit.envs.compiled import make_simulation
-from admit.envs.scenario import Scenario, load_scenario, parse_scenario
+from contract_helpers import AGENT, CHAT, with_contracts
 
 CONTRACT_BASELINES = ("static:share", "apf", "kueue-borrow", "litellm-reserved", "vtc")
 LIMITS = Limits(min=1, max=64, initial=25, max_step=64)  # C = 100 for four tenants; one decision reaches a target
@@ -42,19 +42,6 @@ def obs(tenants: list[TenantObservation], kv: float = 0.0, waiting: float = 0.0,
 
 def t(limit: float, in_flight: float = 0.0, queue: float = 0.0, **kw: float) -> TenantObservation:
     return TenantObservation(queue_depth=queue, in_flight=in_flight, limit=limit, **kw)
-
-
-# contracts as tests/envs/test_contracts.py gives them on h200-live-small (feasible together)
-CHAT = {"requests_per_s": 1.5, "burst": 5, "attainment": 0.95}
-AGENT = {"tokens_per_s": 6000, "burst": 20000, "attainment": 0.9}
-
-
-def with_contracts(name: str, contracts: dict[str, dict[str, float]], horizon_s: float) -> Scenario:
-    data = load_scenario(name).model_dump(exclude_none=True)
-    for x in data["tenants"]:
-        if x["name"] in contracts:
-            x["contract"] = contracts[x["name"]]
-    return parse_scenario({**data, "horizon_s": horizon_s}, f"{name} with contracts")
 
 
 FOUR = spec(tenant("a", 0.4), tenant("b", 0.2), tenant("c", 0.1), tenant("d"))

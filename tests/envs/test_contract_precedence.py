@@ -13,7 +13,7 @@ import pytest
 from admit.envs.compiled import make_simulation
 from admit.envs.scenario import load_scenario
 from admit.envs.simulation import in_contract
-from test_contracts import with_contracts
+from contract_helpers import with_contracts
 
 HORIZON_S = 900.0
 LIMIT = 8

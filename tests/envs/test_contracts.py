@@ -4,8 +4,6 @@ consistent with the episode's own count of good requests, and carried into an ev
 
 from __future__ import annotations
 
-from typing import Any
-
 import numpy as np
 import pytest
 from admit.agents.registry import make_controller
@@ -13,22 +11,11 @@ from admit.envs.compiled import make_simulation
 from admit.envs.contracts import episode_contracts
 from admit.envs.family import contract_loads, tenant_capacity_rps
 from admit.envs.rollout import rollout
-from admit.envs.scenario import Scenario, ScenarioError, load_scenario, parse_scenario
+from admit.envs.scenario import ScenarioError, load_scenario
 from admit.evaluate.offline import evaluate
+from contract_helpers import AGENT, CHAT, with_contracts
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-
-def with_contracts(name: str, contracts: dict[str, dict[str, Any]], **top: Any) -> Scenario:
-    data = load_scenario(name).model_dump(exclude_none=True)
-    for t in data["tenants"]:
-        if t["name"] in contracts:
-            t["contract"] = contracts[t["name"]]
-    return parse_scenario({**data, **top}, f"{name} with contracts")
-
-
-CHAT = {"requests_per_s": 1.5, "burst": 5, "attainment": 0.95}
-AGENT = {"tokens_per_s": 6000, "burst": 20000, "attainment": 0.9}
 
 
 def test_contracts_that_overfill_the_engine_are_refused_with_the_figures() -> None:
