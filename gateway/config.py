@@ -277,7 +277,8 @@ class ConnectionsConfig(StrictModel):
     Redis and logs) caps open client connections; past it an idle connection, else the slowest request
     head, is closed to make room (gateway/guard.py says which), and only when none may be is the new one
     answered 503 ``too-many-connections``. ``write_timeout_s`` bounds a client that stops reading its answers:
-    once more is queued for it than the transport buffers, it must take some of it within that time.
+    once more is queued for it than the transport buffers, it must take some of it within that time;
+    ``send_buffer_bytes`` fixes the kernel's share of what is queued.
     """
 
     max_connections: int | None = Field(default=None, ge=1, le=1_000_000)
@@ -287,6 +288,11 @@ class ConnectionsConfig(StrictModel):
     idle_timeout_s: float = Field(default=30.0, gt=0, le=3600)  # a connection with no request in progress
     # a client that takes none of the bytes the gateway has queued for it for this long is cut (TCP reset)
     write_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    # the kernel's send buffer of each client connection (SO_SNDBUF); null = the kernel sizes and grows it
+    # (net.ipv4.tcp_wmem, up to 4 MB by default). A number fixes it: what the kernel holds for a client that
+    # reads slowly or not at all stays bounded, and can no longer grow to take a closed connection's last
+    # bytes (nginx's ``listen ... sndbuf=``). Linux counts twice the value, bookkeeping included.
+    send_buffer_bytes: int | None = Field(default=None, ge=4096, le=64 << 20)
 
 
 class MetricsConfig(_TokenConfig):

@@ -105,6 +105,7 @@ class Bounds:
     body_timeout_s: float
     idle_timeout_s: float
     write_timeout_s: float
+    send_buffer_bytes: int | None = None  # SO_SNDBUF of each connection; None: the kernel's autotuning
 
 
 def default_max_connections() -> int:
@@ -168,6 +169,14 @@ def _unacked(transport: asyncio.Transport) -> int:
     return n
 
 
+def _fix_send_buffer(transport: asyncio.Transport, size: int) -> None:
+    """Set a connection's kernel send buffer, which also stops the kernel from growing it."""
+    sock = transport.get_extra_info("socket")
+    if sock is not None:
+        with contextlib.suppress(OSError, ValueError):
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, size)
+
+
 _LINGER_0 = struct.pack("ii", 1, 0)
 
 
@@ -227,6 +236,8 @@ def guarded_protocol(bounds: Bounds, on_event: EventHook) -> type[HttpToolsProto
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # as uvicorn's
             full = len(self.connections) >= bounds.max_connections and not _make_room(self.connections)
             super().connection_made(transport)
+            if bounds.send_buffer_bytes is not None:
+                _fix_send_buffer(transport, bounds.send_buffer_bytes)
             self.flow = _Flow(transport, self._reading_paused, self._reading_resumed)
             if full:
                 self._refused = True

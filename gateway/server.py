@@ -53,6 +53,7 @@ def bounds_of(app: Gateway) -> Bounds:
         body_timeout_s=c.body_timeout_s,
         idle_timeout_s=c.idle_timeout_s,
         write_timeout_s=c.write_timeout_s,
+        send_buffer_bytes=c.send_buffer_bytes,
     )
 
 

@@ -56,6 +56,8 @@ def test_bad_values_name_the_key_and_allowed_values() -> None:
     env = {"name": "a", "api_keys": ["sk-aaaaaaaa"], "envelopes": [{"target": "*"}]}
     assert "requests_per_s or tokens_per_s" in error({"tenants": [env]})
     assert "mapping" in error([1, 2])
+    msg = error(cfg(connections={"send_buffer_bytes": 100}))
+    assert "connections.send_buffer_bytes" in msg and "4096" in msg
 
 
 def test_token_env_must_be_set(monkeypatch: pytest.MonkeyPatch) -> None:
