@@ -16,7 +16,8 @@ their sources; docs/controllers.md, "Contract baselines", the same rules with th
 * ``vtc`` — the Virtual Token Counter (Sheng et al., OSDI 2024): the backlogged tenant with the least weighted
   token service gets the next capacity; under saturation the most served gives it up.
 
-Conventions shared by the five:
+Conventions shared by the five (the functions live in core/contract.py, since the simulator's and the gateway's
+borrowed and lent figures divide the concurrency by them too):
 
 * **Share** of a tenant (``contract_shares``) — its contract's share of the engine's estimated capacity,
   ``TenantSpec.contract_load`` (envs/family.py's ``contract_loads``; the contracts sum to at most 1). Tenants
@@ -52,54 +53,16 @@ from admit.controllers.common import to_delta, weighted_tokens_per_s
 from admit.controllers.field import PromptSize
 from admit.controllers.saturation import SaturationGateController
 from admit.controllers.static import StaticController
+from admit.core.contract import (
+    MEAN_TOKENS,
+    ceiling,
+    contract_shares,
+    nominal_caps,
+    total_concurrency,
+)
+from admit.core.contract import round_half_up as _round
 from admit.core.observation import Observation
 from admit.core.spec import ControlSpec
-
-MEAN_TOKENS = 1000.0  # tokens per request at which a token contract counts as requests when no load is known
-
-
-def _round(x: float) -> int:
-    return math.floor(x + 0.5)
-
-
-def contract_shares(spec: ControlSpec, mean_tokens: float = MEAN_TOKENS) -> tuple[list[float], str]:
-    """Each tenant's share of the concurrency being divided (the shares sum to 1), and its basis: ``"capacity"``
-    (the contracts' loads, the rest ``1 − Σ loads`` shared equally by the tenants without one; when every tenant
-    has one, the loads normalised), ``"requests"`` (no loads known: proportional to the contracted requests/s, 0
-    without a contract) or ``"equal"`` (no contract: 1/n each)."""
-    tenants = spec.tenants
-    n = len(tenants)
-    contracted = [i for i, t in enumerate(tenants) if t.contract is not None]
-    if not contracted:
-        return [1.0 / n] * n, "equal"
-    if all(tenants[i].contract_load is not None for i in contracted):
-        shares = [float(t.contract_load or 0.0) if t.contract is not None else 0.0 for t in tenants]
-        others = n - len(contracted)
-        if others:
-            rest = max(0.0, 1.0 - sum(shares)) / others
-            shares = [s if t.contract is not None else rest for s, t in zip(shares, tenants, strict=True)]
-        total = sum(shares)  # < 1 only when every tenant has a contract: C is divided whole, in proportion
-        return [s / total for s in shares], "capacity"
-    rps = [t.contract.requests_per_s_at(mean_tokens) if t.contract is not None else 0.0 for t in tenants]
-    total = sum(rps)
-    return [r / total for r in rps], "requests"
-
-
-def total_concurrency(spec: ControlSpec) -> int:
-    """``C``: the sum of the scenario's initial caps, the concurrency the operator runs before any baseline."""
-    return spec.n_tenants * spec.limits.initial
-
-
-def ceiling(spec: ControlSpec, i: int) -> int:
-    """The most tenant ``i``'s limit can be: ``limits.max``, or its own ``max_limit`` when lower."""
-    m = spec.tenants[i].max_limit
-    return spec.limits.max if m is None else min(spec.limits.max, m)
-
-
-def nominal_caps(spec: ControlSpec, shares: Sequence[float]) -> list[int]:
-    """``max(limits.min, round(C · share))`` per tenant, at most its ceiling."""
-    c = total_concurrency(spec)
-    return [min(ceiling(spec, i), max(spec.limits.min, _round(c * s))) for i, s in enumerate(shares)]
 
 
 def _deltas(targets: Sequence[int], obs: Observation, spec: ControlSpec) -> list[int]:
