@@ -337,7 +337,8 @@ class CompiledSimulation:
         """This episode's requests as columns in arrival order (what ``requests`` holds, without the objects)."""
         ri, rf = self._E[0], self._E[1]
         return RequestColumns(ri[:, K.TEN].astype(np.int64), rf[:, K.ARR].copy(), ri[:, K.PROMPT].astype(np.int64),
-                              ri[:, K.OUT].astype(np.int64), rf[:, K.FTOK].copy(), rf[:, K.FIN].copy())
+                              ri[:, K.OUT].astype(np.int64), rf[:, K.FTOK].copy(), rf[:, K.FIN].copy(),
+                              rf[:, K.DISP].copy())
 
     @property
     def requests(self) -> list[Request]:

@@ -11,6 +11,13 @@ one tenant has it all (a common scale leaves the index as it is, so the service 
 Read after the run from the world's request columns, so the simulation's hot path carries nothing for it.
 Requests that arrived during a warm-up (``Simulation(warmup_s=)``) are classified, as they charge the
 envelope, but not counted, as the episode's other totals do not count them.
+
+``episode_lending`` adds, per tenant of a scenario with contracts, what it served and held beyond its share:
+``excess_goodput``, its good out-of-contract requests per second (over the episode after the warm-up, as
+``goodput_rps``; a tenant without a contract has no promise, so all its goodput), and ``borrowed`` and ``lent``,
+the means over the decisions at or after the warm-up of its concurrency borrowed beyond its nominal share and
+of its idle nominal share that the borrowers use (core/contract.py's ``nominal_concurrency`` and ``lending``, on
+its requests in flight at each decision, ``RequestColumns.in_flight``); with the per-decision series for a plot.
 """
 
 from __future__ import annotations
@@ -18,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from admit.core.contract import figures
+from admit.core.contract import figures, lending, nominal_concurrency
 from admit.envs.scenario import Scenario, parse_scenario
 from admit.envs.simulation import RequestColumns, in_contract, jain
 from admit.envs.workload import Trace
@@ -35,6 +42,42 @@ def episode_contracts(scenario: Scenario, cols: RequestColumns, warmup_s: float 
     inside = in_contract(scenario, cols.tenant, cols.arrival, cols.prompt, cols.output)
     good = cols.good([t.request_bounds for t in spec.tenants])
     return contract_figures(scenario, cols.tenant, inside, good, cols.prompt, cols.output, cols.arrival >= warmup_s)
+
+
+def episode_lending(scenario: Scenario, cols: RequestColumns, times: np.ndarray, warmup_s: float = 0.0,
+                    span_s: float | None = None) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """(per tenant name: ``excess_goodput``, ``borrowed``, ``lent``; the series: ``time_s`` (the decisions'
+    times), and by tenant name ``nominal`` (its nominal concurrency) and, one value per decision,
+    ``in_flight``, ``borrowed`` and ``lent``); both empty when no tenant has a contract. ``times``: the
+    episode's decision times (envs/simulation.py ``decision_times``); ``span_s``: the seconds ``excess_goodput``
+    is a rate over (default: the scenario's horizon less the warm-up, as ``goodput_rps``'s)."""
+    if not scenario.has_contracts:
+        return {}, {}
+    spec = scenario.control_spec()
+    names = [t.name for t in scenario.tenants]
+    inside = in_contract(scenario, cols.tenant, cols.arrival, cols.prompt, cols.output)
+    good = cols.good([t.request_bounds for t in spec.tenants])
+    excess = good & (cols.arrival >= warmup_s)
+    contracted = np.array([t.contract is not None for t in scenario.tenants])
+    excess &= ~inside | ~contracted[cols.tenant]  # a tenant without a contract: every good request
+    span = scenario.horizon_s - warmup_s if span_s is None else span_s
+    n_excess = np.bincount(cols.tenant[excess], minlength=len(names))
+    nominal = nominal_concurrency(spec)
+    in_flight = cols.in_flight(len(names), times)
+    borrowed, lent = lending(in_flight, nominal)
+    after = times >= warmup_s
+    b_mean = borrowed[after].mean(axis=0) if after.any() else np.zeros(len(names))
+    l_mean = lent[after].mean(axis=0) if after.any() else np.zeros(len(names))
+    per = {name: {"excess_goodput": float(n_excess[k]) / span, "borrowed": float(b_mean[k]),
+                  "lent": float(l_mean[k])} for k, name in enumerate(names)}
+    series: dict[str, Any] = {
+        "time_s": times.tolist(),
+        "nominal": dict(zip(names, nominal, strict=True)),
+        "in_flight": {name: in_flight[:, k].tolist() for k, name in enumerate(names)},
+        "borrowed": {name: borrowed[:, k].tolist() for k, name in enumerate(names)},
+        "lent": {name: lent[:, k].tolist() for k, name in enumerate(names)},
+    }
+    return per, series
 
 
 def contract_figures(scenario: Scenario, tenant: np.ndarray, inside: np.ndarray, good: np.ndarray,

@@ -6,7 +6,8 @@ common random numbers of a comparison), runs the decision loop to the horizon an
 metrics: ``Simulation.summary()`` with the overall e2e percentiles also under the names the tenants' figures
 use, ``mean_limit`` and ``"tenants"`` (``tenant_summary()``), and where tenants have contracts their figures
 (envs/contracts.py: per tenant ``contract_attainment``, ``contract_met``, ...; overall ``contracts_met`` and
-``contract_shortfall``). A caller that needs more of the finished world
+``contract_shortfall``), each tenant's ``excess_goodput``, ``borrowed`` and ``lent`` and, under ``"lending"``,
+their per-decision series (``episode_lending``). A caller that needs more of the finished world
 than its summary (the search asks which limits ever held a request back) passes ``inspect``, whose dict is
 added to the episode.
 """
@@ -18,8 +19,9 @@ from typing import Any
 
 from admit.core.controller import Controller
 from admit.envs.compiled import World, make_simulation
-from admit.envs.contracts import episode_contracts
+from admit.envs.contracts import episode_contracts, episode_lending
 from admit.envs.scenario import Scenario
+from admit.envs.simulation import decision_times
 
 # One episode: the overall metrics (floats) and ``"tenants"``: {name: {metric: float}}.
 Episode = dict[str, Any]
@@ -49,10 +51,16 @@ def rollout(
     out["mean_limit"] = stats.mean_limit
     out["tenants"] = sim.tenant_summary()
     if scenario.has_contracts:
-        per, overall = episode_contracts(scenario, sim.request_columns(), getattr(sim, "warmup_s", 0.0))
+        cols = sim.request_columns()
+        warmup_s = getattr(sim, "warmup_s", 0.0)
+        per, overall = episode_contracts(scenario, cols, warmup_s)
         for name, figs in per.items():
             out["tenants"][name].update(figs)
         out.update(overall)
+        lend, series = episode_lending(scenario, cols, decision_times(scenario), warmup_s)
+        for name, figs in lend.items():
+            out["tenants"][name].update(figs)
+        out["lending"] = series
     if inspect is not None:
         out.update(inspect(sim))
     return out

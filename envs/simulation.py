@@ -86,7 +86,8 @@ class TenantTotals:
 @dataclass(frozen=True, slots=True)
 class RequestColumns:
     """An episode's requests as columns in arrival order: tenant index, arrival, prompt and output tokens, and
-    the times of the first token and of the finish (NaN where the episode ended first)."""
+    the times of the first token and of the finish (NaN where the episode ended first) and of the admission
+    (``dispatched``: the request left the admission queue; NaN for one never admitted)."""
 
     tenant: np.ndarray
     arrival: np.ndarray
@@ -94,6 +95,7 @@ class RequestColumns:
     output: np.ndarray
     first_token: np.ndarray
     finished: np.ndarray
+    dispatched: np.ndarray
 
     @classmethod
     def of(cls, requests: Sequence[Request]) -> RequestColumns:
@@ -101,7 +103,22 @@ class RequestColumns:
             return np.fromiter((getattr(r, name) for r in requests), dtype=dtype, count=len(requests))
 
         return cls(col("tenant", np.int64), col("arrival", np.float64), col("prompt_tokens", np.int64),
-                   col("output_tokens", np.int64), col("first_token", np.float64), col("finished", np.float64))
+                   col("output_tokens", np.int64), col("first_token", np.float64), col("finished", np.float64),
+                   col("dispatched", np.float64))
+
+    def in_flight(self, n_tenants: int, times: np.ndarray) -> np.ndarray:
+        """Each tenant's requests in flight at each of ``times`` (non-decreasing): admitted at or before the time
+        and not finished by it (``dispatched <= t < finished``), the count its admission limit governs once the
+        events at ``t`` and a decision taken then have been applied. An int64 array, times × tenants."""
+        out = np.zeros((len(times), n_tenants), dtype=np.int64)
+        admitted = np.isfinite(self.dispatched)
+        for k in range(n_tenants):
+            mine = admitted & (self.tenant == k)
+            start = np.sort(self.dispatched[mine])
+            end = self.finished[mine]
+            end = np.sort(end[np.isfinite(end)])
+            out[:, k] = np.searchsorted(start, times, side="right") - np.searchsorted(end, times, side="right")
+        return out
 
     def good(self, bounds: Sequence[tuple[float, float, float]]) -> np.ndarray:
         """Per request, whether it finished within its tenant's per-request (ttft, tpot, e2e) ``bounds``: the
@@ -225,6 +242,17 @@ def decision_count(scenario: Scenario, until: float | None = None) -> int:
         t = min(t + scenario.interval_s, end)
         n += 1
     return n
+
+
+def decision_times(scenario: Scenario, until: float | None = None) -> np.ndarray:
+    """The times of the decisions ``Simulation.run`` makes from t = 0 to ``until`` (default: the horizon), on
+    ``decision_count``'s arithmetic: 0, then each interval on, the last cut at ``until``."""
+    end = scenario.horizon_s if until is None else until
+    t, out = 0.0, []
+    while t < end - END_EPS_S:
+        out.append(t)
+        t = min(t + scenario.interval_s, end)
+    return np.array(out, dtype=np.float64)
 
 
 class Simulation:

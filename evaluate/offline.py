@@ -74,8 +74,11 @@ TENANT_METRICS = (
 # Where tenants have contracts (envs/contracts.py), these too, overall and per tenant with one; overall in the
 # order the reports show them: contracts met, shortfall, (goodput,) Jain over share-normalised service.
 CONTRACT_METRICS = ("contracts_met", "contract_shortfall", "jain_share", "contracts")
+# Per tenant also what it served and held beyond its share (envs/contracts.py ``episode_lending``): excess goodput,
+# and its mean concurrency borrowed beyond its nominal share and lent of it; every tenant of such a scenario has
+# these (a tenant without a contract has a nominal share of 0).
 TENANT_CONTRACT_METRICS = ("contract_attainment", "contract_met", "contract_shortfall", "contract_arrived",
-                           "contract_good")
+                           "contract_good", "excess_goodput", "borrowed", "lent")
 
 
 def run_policy(scenario: Scenario, policy: str, seed: int) -> Episode:
