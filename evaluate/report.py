@@ -10,8 +10,9 @@ Where the tenants have contracts the overall table leads with what the verdict t
 contracts met on the table (k/n, evaluate/verdict.py's rule), the contract shortfall (in-contract requests
 short of the promise per episode), then goodput and Jain's index over share-normalised service
 (envs/contracts.py's ``jain_share``); the per-tenant table adds each tenant's in-contract attainment, its
-promise and whether it is met; the plot puts goodput against the contract shortfall. Without contracts
-every output is as it was.
+promise and whether it is met, its excess goodput and the concurrency it borrowed and lent (envs/contracts.py's
+``episode_lending``); the plot puts goodput against the contract shortfall. Without contracts every output is
+as it was.
 """
 
 from __future__ import annotations
@@ -140,11 +141,12 @@ def overall_table(data: dict) -> Table:
 
 def contract_tenant_table(data: dict) -> Table:
     """The per-tenant table where the tenants have contracts: goodput and attainment, then the in-contract
-    attainment against the promise ("—" for a tenant without a contract), then latency."""
+    attainment against the promise ("—" for a tenant without a contract), the excess goodput and the mean
+    concurrency borrowed and lent, then latency."""
     t = _table(
         "per tenant",
         ["tenant", "policy", "goodput\nreq/s", "attainment", "in contract\nattainment", "p", "promise", "met",
-         "TTFT\np99 s", "TPOT\np99 ms"],
+         "excess\nreq/s", "borrowed\n/ lent", "TTFT\np99 s", "TPOT\np99 ms"],
     )
     pols = data["policies"]
     tenants = list(next(iter(pols.values()))["tenants"])
@@ -161,6 +163,8 @@ def contract_tenant_table(data: dict) -> Table:
                 _p(te["p_value_vs_first"]["contract_attainment"], pi == 0) if promised else "—",
                 f"{te['contract']['attainment']:g}" if promised else "—",
                 ("yes" if meets(te) else "no") if promised else "—",
+                f"{te['excess_goodput']['mean']:.3f}" if "excess_goodput" in te else "—",  # a live run lacks them
+                f"{te['borrowed']['mean']:.1f} / {te['lent']['mean']:.1f}" if "borrowed" in te else "—",
                 f"{te['ttft_p99_s']['mean']:.2f}",
                 f"{1000 * te['tpot_p99_s']['mean']:.1f}",
                 end_section=pi == len(pols) - 1 and ti < len(tenants) - 1,
@@ -233,6 +237,9 @@ def header_lines(data: dict) -> list[str]:
             "met = contracts met, k/n: a contract is met when its mean in-contract attainment over the seeds reaches",
             "its promise; shortfall = in-contract requests short of the promise per episode; in contract attainment =",
             "good / arrived in contract; Jain share = Jain over the contracted tenants' good service / contract rate",
+            "excess = good out-of-contract requests/s; borrowed / lent = mean concurrency in flight beyond the",
+            "tenant's nominal share (its contract's share of the total; none without a contract) / of its idle share",
+            "that borrowers use",
         ]
     return lines
 
