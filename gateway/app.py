@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from admit.core.contract import ContractMeter
+from admit.core.contract import ContractMeter, lending, nominal_concurrency
 from admit.core.gcra import Gcra
 from admit.core.telemetry import TenantTokens
 from admit.gateway.admin import AdminApi
@@ -68,7 +68,7 @@ from admit.gateway.jsonl import JsonlWriter
 from admit.gateway.local_admission import LocalAdmission
 from admit.gateway.metrics import GatewayMetrics
 from admit.gateway.state import SavedState, load_state, save_state
-from admit.gateway.telemetry import LiveTelemetry
+from admit.gateway.telemetry import LiveTelemetry, gateway_spec
 from admit.gateway.upstream import BackendBroken, BackendTimeout, NoBackend, Response, Upstream
 
 if TYPE_CHECKING:
@@ -201,6 +201,8 @@ class Gateway:
         self.open_connections: Callable[[], int] = lambda: 0  # the server's count, once it runs
         self.metrics.gauge("connections", "client connections open", lambda: self.open_connections())
         self.metrics.token_gauges(self.names, self.token_footprints)
+        if any(t.contract is not None for t in cfg.tenants):  # without contracts the page is as before
+            self.metrics.lending_gauges(self.names, self.lending)
         self._loop: asyncio.AbstractEventLoop = None  # type: ignore[assignment]  # set at start-up
 
     @property
@@ -754,11 +756,22 @@ class Gateway:
             m.good.inc(tenant)
             if rec.in_contract:
                 m.contract_good.inc(tenant)
+            elif rec.in_contract is False:
+                m.contract_excess_good.inc(tenant)
         if self.request_log.path is not None:
             if rec.tenant is not None:
                 self.request_log.write(rec.line())
             else:
                 self._log_anonymous(rec)
+
+    def lending(self) -> tuple[list[float], list[float]]:
+        """Per tenant, the concurrency it borrows beyond its contract's nominal share and the part of its idle
+        share that borrowers use (core/contract.py's ``nominal_concurrency`` of this configuration's ControlSpec
+        and ``lending`` on the tenants' requests in flight now): what /metrics shows."""
+        snap = self.admission.snapshot()["tenants"]
+        borrowed, lent = lending([snap[n]["in_flight"] for n in self.names],
+                                 nominal_concurrency(gateway_spec(self.cfg)))
+        return borrowed.tolist(), lent.tolist()
 
     def token_footprints(self) -> TenantTokens:
         """Per tenant: prompt tokens waiting for admission, prompt tokens admitted with no first byte yet, and

@@ -131,6 +131,26 @@ class _TokenGauges(Collector):
             yield g
 
 
+class _LendingGauges(Collector):
+    """Each tenant's borrowed and lent concurrency (core/contract.py ``lending``), read at scrape time."""
+
+    def __init__(self, names: Sequence[str], read: Callable[[], tuple[Sequence[float], Sequence[float]]]) -> None:
+        self._names, self._read = list(names), read
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        borrowed, lent = self._read()
+        for name, doc, values in (
+            ("borrowed_concurrency", "the tenant's requests in flight beyond its contract's nominal share of the "
+             "concurrency (all of them without a contract)", borrowed),
+            ("lent_concurrency", "the part of the tenant's idle nominal share that borrowers use (each idle share "
+             "in proportion, together at most what is borrowed)", lent),
+        ):
+            g = GaugeMetricFamily(PREFIX + name, doc, labels=["tenant"])
+            for tenant, v in zip(self._names, values, strict=True):
+                g.add_metric([tenant], float(v))
+            yield g
+
+
 class _Gauges(Collector):
     """Gauges and counters without labels, each read at scrape time."""
 
@@ -169,6 +189,9 @@ class GatewayMetrics:
         self.contract_good = Counts(PREFIX + "contract_good_requests", "in-contract requests that were good (their "
                                     "tenant's in-contract attainment: this over contract_requests{class=in})",
                                     ["tenant"], r)
+        self.contract_excess_good = Counts(
+            PREFIX + "contract_excess_good_requests", "out-of-contract (excess) requests of tenants with a contract "
+            "that were good (their excess goodput's count)", ["tenant"], r)
         self.log_suppressed = Counts(
             PREFIX + "request_log_suppressed", "request-log lines of unauthenticated requests left out (rate limit)",
             [], r)
@@ -192,6 +215,11 @@ class GatewayMetrics:
     def token_gauges(self, names: Sequence[str], read: Callable[[], Any]) -> None:
         """The per-tenant token footprints (``read()`` gives a core.telemetry.TenantTokens) at scrape time."""
         self.registry.register(_TokenGauges(names, read))
+
+    def lending_gauges(self, names: Sequence[str], read: Callable[[], tuple[Sequence[float], Sequence[float]]]
+                       ) -> None:
+        """The per-tenant borrowed and lent concurrency (``read()`` gives both lists) at scrape time."""
+        self.registry.register(_LendingGauges(names, read))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
