@@ -68,6 +68,7 @@ import threading
 import time
 import urllib.request
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -114,35 +115,57 @@ def _lat(v: float | None) -> float:
     return 0.0 if v is None else float(v)
 
 
+def line_good(r: dict[str, Any], bounds: tuple[float, float, float]) -> bool:
+    """Whether a gateway request-log line was good, as the gateway and the simulator judge it: outcome ok within
+    each of the tenant's per-request objectives ``bounds`` (core/slo.py's ``is_good`` on the gateway's TTFT,
+    TPOT and e2e, from the request's arrival at the gateway)."""
+    if r["outcome"] != "ok" or r.get("e2e_s") is None:
+        return False
+    e2e = float(r["e2e_s"])
+    ttft = e2e if r.get("ttft_s") is None else float(r["ttft_s"])  # an unstreamed answer: its first token last
+    return is_good(ttft, tpot(e2e, ttft, int(r.get("output_tokens") or 0)), e2e, bounds)
+
+
+@dataclass(frozen=True)
+class ContractLines:
+    """The requests of a live run that the gateway classified on a tenant's contract, as columns: the request
+    log's lines with ``contract_at`` set (a line it never classified, such as the load generator's GET
+    /v1/models or a body it could not read, was no request offered to the tenant's contract)."""
+
+    arrival: np.ndarray  # the gateway's arrival, unix seconds
+    tenant: np.ndarray  # the tenant's index in the scenario
+    inside: np.ndarray  # in contract, as the gateway classified it at arrival (``in_contract``)
+    good: np.ndarray  # `line_good`
+    prompt: np.ndarray
+    output: np.ndarray
+
+
+def contract_lines(sc: Scenario, lines: list[dict[str, Any]]) -> ContractLines:
+    """`ContractLines` of the gateway's request-log ``lines`` (admit.live.run.read_request_log's) for the
+    scenario's tenants that have a contract (only their lines are classified)."""
+    index = {t.name: k for k, t in enumerate(sc.tenants) if t.contract is not None}
+    rows = [r for r in lines if r["tenant"] in index and r.get("contract_at") is not None]
+    bounds = [t.request_bounds for t in sc.control_spec().tenants]
+    return ContractLines(
+        arrival=np.array([float(r["arrival"]) for r in rows], dtype=np.float64),
+        tenant=np.array([index[r["tenant"]] for r in rows], dtype=np.int64),
+        inside=np.array([r.get("in_contract") is True for r in rows], dtype=bool),
+        good=np.array([line_good(r, bounds[index[r["tenant"]]]) for r in rows], dtype=bool),
+        prompt=np.array([int(r["prompt_tokens"]) for r in rows], dtype=np.int64),
+        output=np.array([int(r["output_tokens"]) for r in rows], dtype=np.int64),
+    )
+
+
 def live_contracts(sc: Scenario, lines: list[dict[str, Any]]) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """A live run's contract figures (envs/contracts.py's, both empty without contracts) from the gateway's
     request log (admit.live.run.read_request_log's lines, cut at the warm-up): the requests the gateway
-    classified (``contract_at`` set: a line it never classified, such as the load generator's GET /v1/models or
-    a body it could not read, was no request offered to the tenant's contract), each in contract as the
-    gateway classified it at arrival (``in_contract``), good as the gateway and the simulator judge it (outcome
-    ok within each of the tenant's per-request objectives, core/slo.py's ``is_good`` on the gateway's TTFT,
-    TPOT and e2e), by envs/contracts.py's ``contract_figures``, the simulator's arithmetic. Only tenants with a
-    contract enter those figures, so their lines are all it reads."""
+    classified (`contract_lines`), each in contract as the gateway classified it at arrival, good as the gateway
+    and the simulator judge it (`line_good`), by envs/contracts.py's ``contract_figures``, the simulator's
+    arithmetic."""
     if not sc.has_contracts:
         return {}, {}
-    index = {t.name: k for k, t in enumerate(sc.tenants)}
-    rows = [r for r in lines if r["tenant"] in index and r.get("contract_at") is not None]
-    bounds = [t.request_bounds for t in sc.control_spec().tenants]
-
-    def good(r: dict[str, Any]) -> bool:
-        if r["outcome"] != "ok" or r.get("e2e_s") is None:
-            return False
-        e2e = float(r["e2e_s"])
-        ttft = e2e if r.get("ttft_s") is None else float(r["ttft_s"])  # an unstreamed answer: its first token last
-        return is_good(ttft, tpot(e2e, ttft, int(r["output_tokens"])), e2e, bounds[index[r["tenant"]]])
-
-    def col(values: list[Any], dtype: type) -> np.ndarray:
-        return np.array(values, dtype=dtype)
-
-    return contract_figures(sc, col([index[r["tenant"]] for r in rows], np.int64),
-                            col([r.get("in_contract") is True for r in rows], bool), col([good(r) for r in rows], bool),
-                            col([int(r["prompt_tokens"]) for r in rows], np.int64),
-                            col([int(r["output_tokens"]) for r in rows], np.int64))
+    c = contract_lines(sc, lines)
+    return contract_figures(sc, c.tenant, c.inside, c.good, c.prompt, c.output)
 
 
 def live_episode(run: dict[str, Any]) -> Episode:
