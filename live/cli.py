@@ -136,7 +136,7 @@ def demo(
         "live/scenarios/cpu-smollm2-duo.yaml)"),
     duration: float = typer.Option(45.0, min=5, help="seconds of the scenario's requests per policy"),
     policy: list[str] = typer.Option(
-        ["static:best", "ledger:best", "ppo:general"],
+        ["static:contract", "static:best", "contract", "ppo:general"],
         help="policies, the first the baseline (repeat); one that does not load is left out, with a note"),
     out: Path = typer.Option(Path("results/demo.json"), help="where to write the JSON"),
     seed: int = typer.Option(1, help="the seed of the requests (every policy gets the same)"),
@@ -146,8 +146,9 @@ def demo(
         "emulator"),
 ) -> None:
     """The live stack on 127.0.0.1 (emulator, gateway, control loop, load) per policy on the same requests of
-    a scenario whose tenants interfere; per-tenant goodput and attainment. With --backend, in front of a
-    real vLLM server instead of the emulator."""
+    a scenario whose tenants interfere: the tenants' contracts each policy kept and broke, per-tenant goodput
+    and attainment, and a plot of each tenant's limit and in-contract attainment over time. With --backend, in
+    front of a real vLLM server instead of the emulator."""
     from admit.envs.scenario import ScenarioError
     from admit.live.demo import run_demo
     from admit.live.stack import cli_exit
