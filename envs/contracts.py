@@ -30,52 +30,59 @@ from admit.envs.scenario import Scenario, parse_scenario
 from admit.envs.simulation import RequestColumns, in_contract, jain
 from admit.envs.workload import Trace
 
+Classes = tuple[np.ndarray, np.ndarray]  # per request: in contract, good
 
-def episode_contracts(scenario: Scenario, cols: RequestColumns, warmup_s: float = 0.0
-                      ) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
+
+def request_classes(scenario: Scenario, cols: RequestColumns) -> Classes:
+    """Per request, whether it is in contract (classified on the arrivals, envs/simulation.py's
+    ``in_contract``) and whether it was good (the episode's own test, ``cols.good``)."""
+    inside = in_contract(scenario, cols.tenant, cols.arrival, cols.prompt, cols.output)
+    return inside, cols.good([t.request_bounds for t in scenario.control_spec().tenants])
+
+
+def episode_contracts(scenario: Scenario, cols: RequestColumns, warmup_s: float = 0.0,
+                      classes: Classes | None = None) -> tuple[dict[str, dict[str, float]], dict[str, float]]:
     """(per tenant name with a contract: its figures, overall: contracts, contracts_met, contract_shortfall,
-    jain_share); both empty when no tenant has a contract. The requests are classified here, on their
-    arrivals (envs/simulation.py's ``in_contract``), and judged by the episode's own test (``cols.good``)."""
+    jain_share); both empty when no tenant has a contract. The requests are classified and judged here
+    (`request_classes`) unless ``classes`` gives them."""
     if not scenario.has_contracts:
         return {}, {}
-    spec = scenario.control_spec()
-    inside = in_contract(scenario, cols.tenant, cols.arrival, cols.prompt, cols.output)
-    good = cols.good([t.request_bounds for t in spec.tenants])
+    inside, good = request_classes(scenario, cols) if classes is None else classes
     return contract_figures(scenario, cols.tenant, inside, good, cols.prompt, cols.output, cols.arrival >= warmup_s)
 
 
 def episode_lending(scenario: Scenario, cols: RequestColumns, times: np.ndarray, warmup_s: float = 0.0,
-                    span_s: float | None = None) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+                    span_s: float | None = None, classes: Classes | None = None
+                    ) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
     """(per tenant name: ``excess_goodput``, ``borrowed``, ``lent``; the series: ``time_s`` (the decisions'
-    times), and by tenant name ``nominal`` (its nominal concurrency) and, one value per decision,
-    ``in_flight``, ``borrowed`` and ``lent``); both empty when no tenant has a contract. ``times``: the
-    episode's decision times (envs/simulation.py ``decision_times``); ``span_s``: the seconds ``excess_goodput``
-    is a rate over (default: the scenario's horizon less the warm-up, as ``goodput_rps``'s)."""
+    times), and by tenant name ``nominal`` (its nominal concurrency) and, one value per decision, ``in_flight``,
+    ``borrowed`` and ``lent``, numpy arrays); both empty when no tenant has a contract. ``times``: the episode's
+    decision times (envs/simulation.py ``decision_times``); ``span_s``: the seconds ``excess_goodput`` is a rate
+    over (default: the scenario's horizon less the warm-up, as ``goodput_rps``'s); ``classes``: as in
+    `episode_contracts`."""
     if not scenario.has_contracts:
         return {}, {}
-    spec = scenario.control_spec()
     names = [t.name for t in scenario.tenants]
-    inside = in_contract(scenario, cols.tenant, cols.arrival, cols.prompt, cols.output)
-    good = cols.good([t.request_bounds for t in spec.tenants])
-    excess = good & (cols.arrival >= warmup_s)
+    n = len(names)
+    inside, good = request_classes(scenario, cols) if classes is None else classes
     contracted = np.array([t.contract is not None for t in scenario.tenants])
-    excess &= ~inside | ~contracted[cols.tenant]  # a tenant without a contract: every good request
+    # good and counted, and out of contract (a tenant without a contract: every good request)
+    excess = good & (cols.arrival >= warmup_s) & (~inside | ~contracted[cols.tenant])
     span = scenario.horizon_s - warmup_s if span_s is None else span_s
-    n_excess = np.bincount(cols.tenant[excess], minlength=len(names))
-    nominal = nominal_concurrency(spec)
-    in_flight = cols.in_flight(len(names), times)
+    n_excess = np.bincount(cols.tenant[excess], minlength=n)
+    nominal = nominal_concurrency(scenario.control_spec())
+    in_flight = cols.in_flight(n, times)
     borrowed, lent = lending(in_flight, nominal)
     after = times >= warmup_s
-    b_mean = borrowed[after].mean(axis=0) if after.any() else np.zeros(len(names))
-    l_mean = lent[after].mean(axis=0) if after.any() else np.zeros(len(names))
+    b_mean = borrowed[after].mean(axis=0) if after.any() else np.zeros(n)
+    l_mean = lent[after].mean(axis=0) if after.any() else np.zeros(n)
     per = {name: {"excess_goodput": float(n_excess[k]) / span, "borrowed": float(b_mean[k]),
                   "lent": float(l_mean[k])} for k, name in enumerate(names)}
     series: dict[str, Any] = {
-        "time_s": times.tolist(),
+        "time_s": times,
         "nominal": dict(zip(names, nominal, strict=True)),
-        "in_flight": {name: in_flight[:, k].tolist() for k, name in enumerate(names)},
-        "borrowed": {name: borrowed[:, k].tolist() for k, name in enumerate(names)},
-        "lent": {name: lent[:, k].tolist() for k, name in enumerate(names)},
+        **{key: {name: a[:, k] for k, name in enumerate(names)}
+           for key, a in (("in_flight", in_flight), ("borrowed", borrowed), ("lent", lent))},
     }
     return per, series
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from admit.core.controller import Controller
 from admit.envs.compiled import World, make_simulation
-from admit.envs.contracts import episode_contracts, episode_lending
+from admit.envs.contracts import episode_contracts, episode_lending, request_classes
 from admit.envs.scenario import Scenario
 from admit.envs.simulation import decision_times
 
@@ -53,11 +53,12 @@ def rollout(
     if scenario.has_contracts:
         cols = sim.request_columns()
         warmup_s = getattr(sim, "warmup_s", 0.0)
-        per, overall = episode_contracts(scenario, cols, warmup_s)
+        classes = request_classes(scenario, cols)
+        per, overall = episode_contracts(scenario, cols, warmup_s, classes)
         for name, figs in per.items():
             out["tenants"][name].update(figs)
         out.update(overall)
-        lend, series = episode_lending(scenario, cols, decision_times(scenario), warmup_s)
+        lend, series = episode_lending(scenario, cols, decision_times(scenario), warmup_s, classes=classes)
         for name, figs in lend.items():
             out["tenants"][name].update(figs)
         out["lending"] = series

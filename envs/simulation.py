@@ -107,18 +107,19 @@ class RequestColumns:
                    col("dispatched", np.float64))
 
     def in_flight(self, n_tenants: int, times: np.ndarray) -> np.ndarray:
-        """Each tenant's requests in flight at each of ``times`` (non-decreasing): admitted at or before the time
+        """Each tenant's requests in flight at each of ``times`` (increasing): admitted at or before the time
         and not finished by it (``dispatched <= t < finished``), the count its admission limit governs once the
         events at ``t`` and a decision taken then have been applied. An int64 array, times × tenants."""
-        out = np.zeros((len(times), n_tenants), dtype=np.int64)
+        m = len(times)
         admitted = np.isfinite(self.dispatched)
-        for k in range(n_tenants):
-            mine = admitted & (self.tenant == k)
-            start = np.sort(self.dispatched[mine])
-            end = self.finished[mine]
-            end = np.sort(end[np.isfinite(end)])
-            out[:, k] = np.searchsorted(start, times, side="right") - np.searchsorted(end, times, side="right")
-        return out
+        base = self.tenant[admitted] * (m + 1)
+        # the first time that counts the request and the first that no longer does (m: none, never finished)
+        first = _first_at_or_after(times, self.dispatched[admitted])
+        done = self.finished[admitted]
+        last = _first_at_or_after(times, np.where(np.isnan(done), np.inf, done))
+        steps = np.bincount(base + first, minlength=n_tenants * (m + 1))
+        steps -= np.bincount(base + last, minlength=n_tenants * (m + 1))
+        return np.cumsum(steps.reshape(n_tenants, m + 1)[:, :m], axis=1).T.copy()
 
     def good(self, bounds: Sequence[tuple[float, float, float]]) -> np.ndarray:
         """Per request, whether it finished within its tenant's per-request (ttft, tpot, e2e) ``bounds``: the
@@ -130,6 +131,26 @@ class RequestColumns:
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(self.output > 1, (e2e - ttft) / np.maximum(self.output - 1, 1), 0.0)
         return done & (ttft <= b[:, 0]) & (tpot <= b[:, 1]) & (e2e <= b[:, 2])
+
+
+def _first_at_or_after(times: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """``np.searchsorted(times, x, side="left")`` for increasing ``times`` (the first index whose time is at or
+    after each x; ``len(times)`` for none): guessed from the mean spacing, which on evenly spaced decision times
+    is right or one off, checked for every x and corrected (searched) where wrong, so exact for any times, and
+    several times faster than the search on an episode's requests."""
+    m = len(times)
+    if m < 2:
+        return np.searchsorted(times, x, side="left")
+    step = (times[-1] - times[0]) / (m - 1)
+    if not step > 0:
+        return np.searchsorted(times, x, side="left")
+    j = np.clip(np.ceil((x - times[0]) / step), 0, m).astype(np.int64)
+    above = np.append(times, np.inf)  # above[j] = times[j], inf past the end
+    below = np.insert(times, 0, -np.inf)  # below[j] = times[j - 1]
+    wrong = ~((below[j] < x) & (x <= above[j]))
+    if wrong.any():
+        j[wrong] = np.searchsorted(times, x[wrong], side="left")
+    return j
 
 
 @dataclass(slots=True)
@@ -248,11 +269,11 @@ def decision_times(scenario: Scenario, until: float | None = None) -> np.ndarray
     """The times of the decisions ``Simulation.run`` makes from t = 0 to ``until`` (default: the horizon), on
     ``decision_count``'s arithmetic: 0, then each interval on, the last cut at ``until``."""
     end = scenario.horizon_s if until is None else until
-    t, out = 0.0, []
-    while t < end - END_EPS_S:
-        out.append(t)
-        t = min(t + scenario.interval_s, end)
-    return np.array(out, dtype=np.float64)
+    # 0, Δ, Δ + Δ, ...: a running sum adds one interval at a time, as ``step`` does (only the last interval is
+    # cut at ``end``, and no decision starts there)
+    sums = np.cumsum(np.full(math.ceil(end / scenario.interval_s) + 2, float(scenario.interval_s)))
+    times = np.concatenate(([0.0], sums))
+    return times[: int(np.searchsorted(times, end - END_EPS_S, side="left"))]
 
 
 class Simulation:

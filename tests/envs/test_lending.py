@@ -12,9 +12,11 @@ from admit.envs.compiled import make_simulation
 from admit.envs.contracts import episode_lending
 from admit.envs.rollout import rollout
 from admit.envs.scenario import Scenario, load_scenario, parse_scenario
-from admit.envs.simulation import Simulation, decision_count, decision_times
+from admit.envs.simulation import RequestColumns, Simulation, decision_count, decision_times
 from admit.evaluate.offline import evaluate
 from contract_helpers import AGENT, CHAT
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 
 def _uncontracted(name: str) -> Scenario:
@@ -69,8 +71,12 @@ def test_both_worlds_give_the_same_figures_bit_for_bit(policy: str) -> None:
         ctrl.reset(sc.control_spec(), 4)
         sim.run(ctrl)
         got[world] = episode_lending(sc, sim.request_columns(), decision_times(sc))
-    assert got["python"] == got["compiled"]
-    per, series = got["python"]
+    (per, series), (per_c, series_c) = got["python"], got["compiled"]
+    assert per == per_c and series["nominal"] == series_c["nominal"]
+    assert series["time_s"].tobytes() == series_c["time_s"].tobytes()
+    for key in ("in_flight", "borrowed", "lent"):
+        for t in ("chat", "agent"):
+            assert series[key][t].tobytes() == series_c[key][t].tobytes(), (key, t)
     assert set(per) == {"chat", "agent"} and all(np.isfinite(list(f.values())).all() for f in per.values())
 
 
@@ -86,7 +92,8 @@ def test_an_episodes_figures_agree_with_its_counts_and_its_series() -> None:
     borrowed, lent = lending(in_flight, nominal)
     for k, t in enumerate(("chat", "agent")):
         te = ep["tenants"][t]
-        assert series["borrowed"][t] == borrowed[:, k].tolist() and series["lent"][t] == lent[:, k].tolist()
+        assert series["borrowed"][t].tolist() == borrowed[:, k].tolist()
+        assert series["lent"][t].tolist() == lent[:, k].tolist()
         assert te["borrowed"] == pytest.approx(np.mean(series["borrowed"][t]))
         assert te["lent"] == pytest.approx(np.mean(series["lent"][t]))
         # good requests are in contract or in excess, and never more than the limit of 2 in flight
@@ -134,3 +141,23 @@ def test_an_evaluation_carries_them_per_tenant_with_their_spread() -> None:
             for m in ("excess_goodput", "borrowed", "lent"):
                 assert set(te[m]) >= {"mean", "ci95", "values"} and len(te[m]["values"]) == 3
                 assert m in te["p_value_vs_first"]
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_in_flight_counts_admitted_and_unfinished_requests_at_each_time(data: st.DataObject) -> None:
+    """Against the definition, request by request: times on a grid, so admissions and finishes fall exactly on
+    decision times too; NaN for never admitted or never finished."""
+    n_tenants = data.draw(st.integers(1, 4))
+    grid = st.integers(0, 40).map(lambda x: x * 0.5)
+    rows = data.draw(st.lists(st.tuples(st.integers(0, n_tenants - 1), st.one_of(st.none(), grid),
+                                        st.one_of(st.none(), grid)), max_size=60))
+    tenant = np.array([r[0] for r in rows], dtype=np.int64)
+    start = np.array([np.nan if r[1] is None else r[1] for r in rows])
+    end = np.array([np.nan if r[1] is None or r[2] is None else r[1] + r[2] for r in rows])
+    cols = RequestColumns(tenant, np.zeros(len(rows)), np.ones(len(rows), dtype=np.int64),
+                          np.ones(len(rows), dtype=np.int64), end, end, start)
+    times = np.arange(0.0, 25.0, 1.5)
+    want = [[sum(1 for k, a, b in zip(tenant, start, end, strict=True)
+                 if k == j and a <= t and not b <= t) for j in range(n_tenants)] for t in times]
+    assert cols.in_flight(n_tenants, times).tolist() == want
