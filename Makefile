@@ -20,8 +20,8 @@ $(STAMP): pyproject.toml
 setup: $(STAMP)
 
 # The main job: the live stack on 127.0.0.1 (emulator, gateway, control loop, load) on long-context-chat's
-# requests, static:best vs ledger:best vs ppo:general, about 4 minutes; per-tenant goodput on stdout, JSON in
-# results/demo.json.
+# requests, static:contract vs static:best vs contract vs ppo:general, about 5 minutes; the tenants' contracts
+# kept and broken and per-tenant goodput on stdout, JSON in results/demo.json, the picture in results/demo.png.
 demo: $(STAMP)
 	$(BIN)/admit demo --out results/demo.json
 
