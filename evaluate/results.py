@@ -6,10 +6,17 @@
 The scenarios are seed-paper and every bundled token-engine scenario unless ``--scenario`` names others;
 ``--extra-scenario`` adds any name `load_scenario` accepts (a bundled name, a YAML path, a family instance
 ``FAMILY@SEED``). For each it runs ``evaluate.offline.evaluate`` with the baseline first, so every p-value is
-a paired Wilcoxon test against it on seeds 0..N-1 (disjoint from training and tuning seeds). The baseline is
-``static:best``, per-tenant static caps tuned for goodput on other seeds (agents/static_best.py), followed by plain
-``static`` (the scenario's initial caps); where the registry cannot make ``static:best`` the baseline is
-plain ``static`` and the report says so. It writes the JSON next to the report (docs/results/NAME.json),
+a paired Wilcoxon test against it on seeds 0..N-1 (disjoint from training and tuning seeds). Where the
+scenario's tenants have contracts (core/contract.py) the baseline is ``static:contract``, per-tenant static caps
+tuned for the most goodput subject to every contract being met on other seeds (agents/static_best.py), followed
+by ``static:best`` (caps tuned for goodput alone: the tenant-blind reference) and plain ``static`` (the
+scenario's initial caps), the hand-written controllers, the contract baselines of the field and the contract
+controller (``CONTRACT_POLICIES``), on an instance of the drift family ``static:contract-stale`` (static:contract's
+caps tuned on the instance's last week), then the learned policies. Without contracts the baseline is
+``static:best``, followed by plain ``static``. Where the registry cannot make the baseline it falls back
+(static:contract to static:best, static:best to plain ``static``) and the report says why. A section measures
+what keeping every promise costs: per table with contracts, static:best's goodput against static:contract's
+and the contracts each keeps, from the JSON. It writes the JSON next to the report (docs/results/NAME.json),
 a Pareto plot of goodput against the worst tenant's attainment (docs/results/NAME.png), and per scenario
 the overall table led by goodput with each policy's verdict (evaluate/verdict.py: wins, ties or loses), the
 per-tenant goodput, attainment and latency (where the tenants have contracts, the table leads with the
@@ -63,6 +70,11 @@ DEFAULT_OUT = Path("docs/RESULTS.md")
 REPRODUCTION = "seed-paper"  # the seed study's scenario: its Pareto verdict on e2e p99 is kept there only
 BEST = "static:best"  # the baseline: static caps tuned for goodput on seeds disjoint from the evaluation's
 STATIC = "static"  # untuned static caps: the baseline where BEST cannot be made, and always the second policy
+# With contracts: the baseline, static caps tuned for goodput subject to every contract on the tuning seeds (BEST,
+# tenant-blind, follows it as the reference), and the same caps tuned on an instance's "last week" (drift family)
+CONTRACT = "static:contract"
+STALE = "static:contract-stale"
+DRIFT_FAMILY = "h200-drift"  # the family whose instances drift within an episode: static:contract-stale runs there
 LLM_SCENARIO = "seed-paper"
 # A CPU-served small model needs seconds per call (p95 8 s alone, past 10 s on a loaded machine): ask every
 # 100 decisions and allow 60 s, unless the environment says otherwise.
@@ -84,6 +96,9 @@ HAND_POLICIES = (
     "ledger",
     "ledger:best",
 )
+# Where the tenants have contracts: the field's contract baselines (controllers/contracts_field.py) and the contract
+# controller (controllers/contract.py), after the hand-written controllers
+CONTRACT_POLICIES = ("static:share", "apf", "kueue-borrow", "litellm-reserved", "vtc", "contract")
 # robust's ablations (controllers/robust.py) answer a question of the seed study: they run on its scenario only
 ABLATIONS = (
     "robust-no-confidence",
@@ -100,29 +115,59 @@ def default_scenarios() -> list[str]:
     return [REPRODUCTION, *token]
 
 
-def baseline(scenario: str) -> tuple[str, str | None]:
-    """The baseline of ``scenario``'s table and, where it is not ``static:best``, why not.
-
-    ``static:best`` when the registry makes it and, bound to the scenario, it resets on the scenario's spec
-    (where no tuned caps are stored for the scenario that reset may tune them, once: agents/static_best.py);
-    otherwise plain ``static`` with the error that kept ``static:best`` out (the report prints it). A scenario
-    that does not load is left to fail where it is evaluated, with its own message.
-    """
+def _load(scenario: str):
+    """``scenario`` loaded, or None where it does not load (it fails where it is evaluated, with its message)."""
     try:
-        sc = load_scenario(scenario)
+        return load_scenario(scenario)
     except ValueError:
-        sc = None
+        return None
+
+
+def contracted(scenario: str) -> bool:
+    """Whether ``scenario``'s tenants have contracts (False where it does not load)."""
+    sc = _load(scenario)
+    return sc is not None and sc.has_contracts
+
+
+def drifting(scenario: str) -> bool:
+    """Whether ``scenario`` is an instance of the drift family (``h200-drift@SEED``)."""
+    family, at, _ = scenario.partition("@")
+    return bool(at) and family == DRIFT_FAMILY
+
+
+def why_not(policy: str, scenario: str) -> str | None:
+    """Why the tuned static ``policy`` cannot run on ``scenario``, or None when it can: the registry makes it and,
+    bound to the scenario, it resets on the scenario's spec (where no tuned caps are stored for the scenario that
+    reset may tune them, once: agents/static_best.py)."""
+    sc = _load(scenario)
     try:
-        ctrl = make_controller(BEST, sc)
+        ctrl = make_controller(policy, sc)
     except ValueError as e:
-        return STATIC, f"the registry cannot make `{BEST}` here ({e})"
+        return f"the registry cannot make `{policy}` here ({e})"
     if sc is None:
-        return BEST, None
+        return None
     try:
         ctrl.reset(sc.control_spec(), 0)
     except (ValueError, LookupError, OSError) as e:
-        return STATIC, f"`{BEST}` cannot run on {scenario} ({e})"
-    return BEST, None
+        return f"`{policy}` cannot run on {scenario} ({e})"
+    return None
+
+
+def baseline(scenario: str) -> tuple[str, str | None]:
+    """The baseline of ``scenario``'s table and, where it is not the one it should be, why not.
+
+    Where the tenants have contracts, ``static:contract`` when it can run (`why_not`), else ``static:best``,
+    else plain ``static``; without contracts ``static:best`` when it can run, else plain ``static``. The reason
+    gives the error of each policy that was passed over (the report prints it). A scenario that does not load
+    is left to fail where it is evaluated, with its own message.
+    """
+    reasons: list[str] = []
+    for policy in ([CONTRACT, BEST] if contracted(scenario) else [BEST]):
+        why = why_not(policy, scenario)
+        if why is None:
+            return policy, "; ".join(reasons) or None
+        reasons.append(why)
+    return STATIC, "; ".join(reasons)
 
 
 GENERAL = "general"  # agents/pretrained/ppo-general: the tenant-set policy around static:best's caps, every scenario
@@ -148,9 +193,16 @@ def llm_url() -> str | None:
 
 
 def policies_for(scenario: str) -> list[str]:
-    """The baseline first (`baseline`), plain static next, then every other policy of the table."""
-    first = [baseline(scenario)[0], STATIC]
+    """The baseline first (`baseline`), then (with contracts, where the baseline is static:contract) static:best,
+    the tenant-blind reference, plain static next, the hand-written controllers, then (with contracts) the
+    contract baselines and controller (``CONTRACT_POLICIES``) and, on a drift instance, static:contract-stale,
+    then the learned policies."""
+    base = baseline(scenario)[0]
+    with_contracts = contracted(scenario)
+    first = [base, *([BEST] if with_contracts and base == CONTRACT else []), STATIC]
     hand = HAND_POLICIES + (ABLATIONS if scenario == REPRODUCTION else ())
+    if with_contracts:
+        hand += CONTRACT_POLICIES + ((STALE,) if drifting(scenario) else ())
     pols = list(dict.fromkeys(first)) + [p for p in hand if p not in first] + learned_policies(scenario)
     url = llm_url()
     if url and scenario == LLM_SCENARIO:
@@ -187,10 +239,16 @@ def skipped(scenario: str) -> list[str]:
     """Policies of the issue's list that are not in this scenario's table, each with the reason."""
     notes = []
     base, why = baseline(scenario)
-    if why is not None:
+    if why is not None and base == STATIC:
+        missing = f"Neither `{CONTRACT}` nor `{BEST}` is" if contracted(scenario) else f"`{BEST}` is not"
         notes.append(
-            f"`{BEST}` is not in this table: {why}. The baseline is plain `{STATIC}`, the scenario's untuned "
+            f"{missing} in this table: {why}. The baseline is plain `{STATIC}`, the scenario's untuned "
             "initial caps, so every verdict here is against caps nobody tuned."
+        )
+    elif why is not None:
+        notes.append(
+            f"`{CONTRACT}` is not in this table: {why}. The baseline is `{BEST}`, caps tuned for goodput blind to "
+            "the contracts, so a policy is judged here against caps that may break some of them."
         )
     own = [p for p in learned_policies(scenario) if p.startswith("ppo:") and p[4:] not in EVERYWHERE]
     if not own:
@@ -478,9 +536,11 @@ def command(seeds: int, scenarios: list[str], workers: int, out: Path, ray: str 
     return cmd
 
 
-def glance_row(name: str, data: dict) -> str:
+def glance_row(name: str, data: dict, contracts_column: bool = False) -> str:
     """One scenario in the summary: who wins, ties and loses against the baseline, and the adaptive policy
-    (anything but a static one) with the most goodput, as a ratio to the baseline's."""
+    (anything but a static one) with the most goodput, as a ratio to the baseline's; with ``contracts_column``
+    (some table of the report has contracts) the contracts the baseline meets on the table, k/n, after its
+    goodput ("—" on a table without contracts)."""
     pols = data["policies"]
     base_name = next(iter(pols))
     vs = verdicts(data)
@@ -497,9 +557,28 @@ def glance_row(name: str, data: dict) -> str:
 
     adaptive = [p for p in pols if not p.startswith("static")]
     untuned = [p for p in adaptive if not uses_tuned_caps(p)]
-    return (f"| {name} | `{base_name}` {base:.3f} | {count.get('wins', 0)} | {count.get('ties', 0)} | "
+    met = ""
+    if contracts_column:
+        met = " {}/{} |".format(*contracts_met(pols[base_name])) if has_contracts(data) else " — |"
+    return (f"| {name} | `{base_name}` {base:.3f} |{met} {count.get('wins', 0)} | {count.get('ties', 0)} | "
             f"{count.get('loses', 0)} | {', '.join(f'`{w}`' for w in wins) or '—'} | {best_of(adaptive)} | "
             f"{best_of(untuned)} |")
+
+
+def glance_text(tables: Sequence[tuple[str, dict]]) -> list[str]:
+    """The summary where some table has contracts: `glance_row` with the contracts the baseline meets."""
+    return [
+        "Per scenario: the baseline's goodput (req/s), the contracts it meets on the table (k of n; — where the "
+        "tenants have none), how many policies win, tie and lose against it, which win, the adaptive policy (not a "
+        "static one) with the most goodput, its ratio to the baseline and its verdict, and the same among the "
+        f"policies that use no tuned caps (not `...:best`, `{CONTRACT}` or `{STALE}`, nor a policy anchored on "
+        "them). Where nothing wins, the section on the tenant-set policies below measures why.",
+        "",
+        "| scenario | baseline | contracts met | wins | ties | loses | winners | best adaptive policy | "
+        "best without tuned caps |",
+        "|---|---|---|---|---|---|---|---|---|",
+        *[glance_row(sc, data, contracts_column=True) for sc, data in tables],
+    ]
 
 
 GENERAL_POLICY = f"ppo:{GENERAL}"  # one tenant-set network for every scenario
@@ -508,8 +587,11 @@ BAR_POLICIES = (GENERAL_POLICY, UNTUNED_POLICY)
 
 
 def uses_tuned_caps(policy: str) -> bool:
-    """Built on static:best's caps: ``...:best`` and the anchored tenant-set policy."""
-    return policy.endswith(":best") or policy == GENERAL_POLICY
+    """Built on caps tuned for the scenario: ``...:best``, the anchored tenant-set policy, and static:contract's
+    caps (tuned on the scenario, or on its last week)."""
+    return policy.endswith(":best") or policy in (GENERAL_POLICY, CONTRACT, STALE)
+
+
 WHY_FILE = "why_static_best.md"  # the measured reasons, hand-written beside the report and included in it
 
 
@@ -538,8 +620,10 @@ def verdict_against(data: dict, policy: str, base: str) -> Verdict:
 
 
 def hand_written(data: dict) -> list[str]:
-    """The table's hand-written controllers: every policy but the static caps, the learned and the LLM ones."""
-    return [p for p in data["policies"] if p in HAND_POLICIES + ABLATIONS and not p.startswith("static")]
+    """The table's hand-written controllers: every policy but the static caps, the learned and the LLM ones (the
+    contract baselines of the field and the contract controller included)."""
+    hand = HAND_POLICIES + ABLATIONS + CONTRACT_POLICIES
+    return [p for p in data["policies"] if p in hand and not p.startswith("static")]
 
 
 def general_row(name: str, data: dict, policy: str = GENERAL_POLICY) -> tuple[str, bool, bool] | None:
@@ -608,6 +692,53 @@ def general_section(rows: dict[str, list[tuple[str, bool, bool]]], why: str | No
     return out
 
 
+def cost_row(name: str, data: dict) -> str | None:
+    """One table with contracts in `cost_section`: static:best's goodput and static:contract's (mean [95% CI]),
+    their ratio (static:contract / static:best), the paired p of the difference, and the contracts each meets
+    (k/n); None where the table has no contracts or lacks either policy."""
+    pols = data["policies"]
+    if not has_contracts(data) or CONTRACT not in pols or BEST not in pols:
+        return None
+    best, keep = pols[BEST], pols[CONTRACT]
+    ratio = keep["goodput_rps"]["mean"] / best["goodput_rps"]["mean"] if best["goodput_rps"]["mean"] else float("nan")
+    p = paired_p(keep["goodput_rps"]["values"], best["goodput_rps"]["values"])
+    return (f"| {name} | {_ci(best['goodput_rps'], 3)} | {'{}/{}'.format(*contracts_met(best))} | "
+            f"{_ci(keep['goodput_rps'], 3)} | {'{}/{}'.format(*contracts_met(keep))} | {ratio:.3f}× | {_pv(p)} |")
+
+
+def cost_section(tables: Sequence[tuple[str, dict]]) -> list[str]:
+    """What keeping every promise costs in goodput: per table with contracts, `cost_row` from its JSON, and the
+    totals; nothing where no table has contracts and both static policies."""
+    rows = [(name, data, row) for name, data in tables if (row := cost_row(name, data)) is not None]
+    if not rows:
+        return []
+    kept = [contracts_met(data["policies"][CONTRACT]) for _, data, _ in rows]
+    blind = [contracts_met(data["policies"][BEST]) for _, data, _ in rows]
+    ratios = [data["policies"][CONTRACT]["goodput_rps"]["mean"] / data["policies"][BEST]["goodput_rps"]["mean"]
+              for _, data, _ in rows if data["policies"][BEST]["goodput_rps"]["mean"]]
+    total = sum(n for _, n in kept)
+    spread = ("" if not ratios else f"; `{CONTRACT}`'s goodput is {ratios[0]:.3f}× `{BEST}`'s" if len(ratios) == 1
+              else f"; `{CONTRACT}`'s goodput is {min(ratios):.3f}× to {max(ratios):.3f}× `{BEST}`'s "
+                   f"(median {float(np.median(ratios)):.3f}×)")
+    return [
+        "## What keeping every promise costs",
+        "",
+        f"Per table with contracts: the goodput (req/s, mean [95% CI]) of `{BEST}`, caps tuned for goodput alone "
+        f"and blind to the tenants, and of `{CONTRACT}`, caps tuned for the most goodput that keeps every contract "
+        f"on the tuning seeds; the contracts each meets on the table (k/n, mean in-contract attainment over the "
+        f"seeds at or above the promise); the ratio of their goodputs ({CONTRACT} / {BEST}) and the paired "
+        "Wilcoxon p of the difference, by seed.",
+        "",
+        f"| scenario | `{BEST}` goodput | met | `{CONTRACT}` goodput | met | ratio | p |",
+        "|---|---|---|---|---|---|---|",
+        *[row for _, _, row in rows],
+        "",
+        f"Over the {len(rows)} table{'s' if len(rows) > 1 else ''} `{CONTRACT}` meets {sum(k for k, _ in kept)} "
+        f"of {total} contracts and `{BEST}` {sum(k for k, _ in blind)} of {total}{spread}.",
+        "",
+    ]
+
+
 def rerun_matches(policy: str, rerun: Sequence[str]) -> bool:
     """Whether ``--rerun`` names ``policy``: the name itself, or a prefix ending in ':' (``ppo:``)."""
     return any(policy == r or (r.endswith(":") and policy.startswith(r)) for r in rerun)
@@ -648,7 +779,7 @@ def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log:
     sections: list[str] = []
     timings: list[str] = []
     baselines: list = []
-    glance: list[str] = []
+    tables: list[tuple[str, dict]] = []  # every scenario's figures, for the summary and the cost of the promises
     general: dict[str, list[tuple[str, bool, bool]]] = {}
     contracted: list[str] = []  # the scenarios whose tenants have contracts
     recorded: dict[str, None] = {}  # the policies earlier --rerun runs replaced, as the JSON records them
@@ -694,12 +825,12 @@ def _run(seeds: int, scenarios: list[str], workers: int, res_dir: Path, llm_log:
         if has_contracts(data):
             contracted.append(sc)
         sections.append(scenario_section(sc, data, f"results/{stem}.png", notes, llm_name, repro_png))
-        glance.append(glance_row(sc, data))
+        tables.append((sc, data))
         for policy in BAR_POLICIES:
             row = general_row(sc, data, policy)
             if row is not None:
                 general.setdefault(policy, []).append(row)
-    return sections, timings, baselines, glance, general, list(recorded), contracted
+    return sections, timings, baselines, tables, general, list(recorded), contracted
 
 
 @contextmanager
@@ -730,7 +861,12 @@ def _earlier(path: Path, scenario: str, seeds: int) -> dict:
     return data
 
 
-def _baseline_line(scenarios: list[str], baselines: list[str]) -> str:
+def _baseline_line(scenarios: list[str], baselines: list[str], contracted: Sequence[str] = ()) -> str:
+    """The header's sentence on the baselines: static:best everywhere without contracts; with contracts
+    static:contract where the tenants have them (static:best the tenant-blind reference), static:best elsewhere,
+    and every table whose baseline fell back named."""
+    if contracted:
+        return _contract_baseline_line(scenarios, baselines, contracted)
     if all(b == BEST for b in baselines):
         return (
             f"The baseline of every table is `{BEST}`: per-tenant static caps tuned for goodput "
@@ -744,6 +880,39 @@ def _baseline_line(scenarios: list[str], baselines: list[str]) -> str:
         f"{', '.join(plain)} the registry could not make it (the note under each table says why): there the "
         f"baseline is plain `{STATIC}`, the scenario's untuned initial caps, a weaker opponent than the issue asks for."
     )
+
+
+def _contract_baseline_line(scenarios: list[str], baselines: list[str], contracted: Sequence[str]) -> str:
+    line = (
+        f"The baseline of every table whose tenants have contracts is `{CONTRACT}`: per-tenant static caps tuned "
+        "for the most goodput subject to every contract being met on the tuning seeds (`admit search-static` "
+        "under the contracts, on seeds disjoint from these), what an operator who honours the contracts with fixed "
+        f"caps would deploy. `{BEST}`, caps tuned for goodput alone, blind to the tenants and their contracts, "
+        f"follows it as the tenant-blind reference, then plain `{STATIC}` (the scenario's initial caps)."
+    )
+    plain = [s for s in scenarios if s not in contracted]
+    if plain:
+        line += (f" On {', '.join(plain)}, whose tenants have no contracts, the baseline is `{BEST}` and plain "
+                 f"`{STATIC}` is the second row.")
+    off = [f"{s} (`{b}`)" for s, b in zip(scenarios, baselines, strict=True)
+           if b != (CONTRACT if s in contracted else BEST)]
+    if off:
+        line += (" The registry could not make the baseline a table should have on " + ", ".join(off)
+                 + ": the note under each table says why, and its verdicts are against the weaker baseline named.")
+    return line
+
+
+CONTRACTS_TEXT = (
+    "A tenant may carry a contract (docs/scenarios.md, \"Contracts: what each tenant is promised\"): a rate "
+    "(requests or tokens per second), a burst and a promised attainment. A request is *in contract* when it "
+    "conforms at its arrival to a GCRA envelope of the contract's rate and burst that only in-contract requests "
+    "charge: what a tenant sends beyond it is excess. Arrivals alone decide, so on one seed the same requests are "
+    "in contract under every policy. The promise is kept when at least `attainment` of the in-contract requests "
+    "are good; a contract is met on a table when its mean in-contract attainment over the seeds reaches the "
+    "promise. Tables with contracts are judged by the promises first and goodput second: a policy wins when its "
+    "goodput is higher at p < 0.05 and it meets every contract the baseline meets; it loses when its goodput is "
+    "lower at p < 0.05 or it breaks a contract the baseline keeps."
+)
 
 
 def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=None,
@@ -762,13 +931,14 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
     runs_on = (f"Ray ({ray})" if ray is not None
                else f"{workers} worker process{'es' if workers > 1 else ''}")
     with llm_settings(res_dir) as llm_log, ray_session(ray, render_only):
-        sections, timings, baselines, glance, general, recorded, contracted = _run(
+        sections, timings, baselines, tables, general, recorded, contracted = _run(
             seeds, scenarios, workers, res_dir, llm_log, progress, render_only, rerun, ray)
     shown = list(rerun) or recorded  # a re-rendering still names the re-runs its figures come from
     why_path = out.parent / WHY_FILE
     why = why_path.read_text() if why_path.is_file() else None
     head = [
-        "# Results: every policy against the strongest static caps, judged on goodput",
+        "# Results: every policy against the strongest static caps, judged on "
+        + ("the contracts kept and goodput" if contracted else "goodput"),
         "",
         f"Regenerated by `{cmd}`"
         + (f", then `{cmd} {' '.join(f'--rerun {r}' for r in shown)}`" if shown else "")
@@ -780,9 +950,11 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
         "tenant's attainment is its good requests over all its arrivals; Jain's index is taken over the tenants' "
         "attainments.",
         "",
-        _baseline_line(scenarios, baselines),
+        *([CONTRACTS_TEXT, ""] if contracted else []),
+        _baseline_line(scenarios, baselines, contracted),
         "",
-        f"The verdict (evaluate/verdict.py), over the {seeds} seeds of each table: {RULE}.",
+        f"The verdict (evaluate/verdict.py), over the {seeds} seeds of each table"
+        + (", where the tenants have no contracts" if contracted else "") + f": {RULE}.",
         "",
         *([f"On {', '.join(contracted)}, {CONTRACT_RULE}.", ""] if contracted else []),
         f"{REPRODUCTION} also keeps the seed study's verdict, Pareto-dominating plain static on throughput, e2e "
@@ -799,15 +971,18 @@ def build(seeds: int, scenarios: list[str], workers: int, out: Path, progress=No
         "",
         "## At a glance",
         "",
-        "Per scenario: the baseline's goodput (req/s), how many policies win, tie and lose against it, which win, "
-        "the adaptive policy (not a static one) with the most goodput, its ratio to the baseline and its verdict, "
-        "and the same among the policies that use no tuned caps (not `...:best`, nor a policy anchored on them). Where "
-        "nothing wins, the section on the tenant-set policies below measures why.",
+        *(glance_text(tables) if contracted else [
+            "Per scenario: the baseline's goodput (req/s), how many policies win, tie and lose against it, which win, "
+            "the adaptive policy (not a static one) with the most goodput, its ratio to the baseline and its verdict, "
+            "and the same among the policies that use no tuned caps (not `...:best`, nor a policy anchored on them). "
+            "Where nothing wins, the section on the tenant-set policies below measures why.",
+            "",
+            "| scenario | baseline | wins | ties | loses | winners | best adaptive policy | best without tuned caps |",
+            "|---|---|---|---|---|---|---|---|",
+            *[glance_row(sc, data) for sc, data in tables],
+        ]),
         "",
-        "| scenario | baseline | wins | ties | loses | winners | best adaptive policy | best without tuned caps |",
-        "|---|---|---|---|---|---|---|---|",
-        *glance,
-        "",
+        *cost_section(tables),
         *general_section(general, why),
     ]
     text = "\n".join(head) + "\n" + "\n".join(sections)

@@ -344,6 +344,8 @@ def test_results_put_static_best_first_where_the_registry_makes_it(monkeypatch):
     monkeypatch.delenv("ADMIT_LLM_URL", raising=False)
     monkeypatch.setattr(results, "HAND_POLICIES", ("static", "naive", "robust"))
     monkeypatch.setattr(results, "ABLATIONS", ())
+    # tenants without contracts (with them static:contract leads: tests/evaluate/test_results_contracts.py)
+    monkeypatch.setattr(results, "contracted", lambda scenario: False)
     # today (no static:best in the registry): plain static is the baseline and the note says why
     try:
         make_controller("static:best")
@@ -434,6 +436,7 @@ def test_results_rerun_replaces_only_the_named_rows_and_refuses_a_changed_world(
     monkeypatch.setattr(results, "HAND_POLICIES", ("static", "static:16", "robust"))
     monkeypatch.setattr(results, "baseline", lambda scenario: ("static", None))
     monkeypatch.setattr(results, "learned_policies", lambda scenario: [])
+    monkeypatch.setattr(results, "CONTRACT_POLICIES", ())  # nor the contract baselines, where it has contracts
     sc = load_scenario("h200-mixed").model_dump(mode="json")
     path = tmp_path / "mixed-short.yaml"
     path.write_text(yaml.safe_dump({**sc, "name": "mixed-short", "horizon_s": 40}))

@@ -122,6 +122,7 @@ def _results(monkeypatch: pytest.MonkeyPatch, tmp: Path, *extra: str) -> tuple[s
     monkeypatch.setattr(results, "HAND_POLICIES", ("static", "static:16", "aimd"))
     monkeypatch.setattr(results, "baseline", lambda scenario: ("static", None))
     monkeypatch.setattr(results, "learned_policies", lambda scenario: [])
+    monkeypatch.setattr(results, "CONTRACT_POLICIES", ())  # nor the contract baselines, where it has contracts
     raw = yaml.safe_load(resources.files("admit.envs").joinpath("scenarios", "h200-mixed.yaml").read_text())
     tmp.mkdir()
     path = tmp / "mixed-short.yaml"
