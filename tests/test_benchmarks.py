@@ -3,6 +3,7 @@ meaningless, so these check the peers against admit's simulator on the same seed
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -92,3 +93,16 @@ def test_env_step_cost_prices_contracts_on_this_revision_alone() -> None:
                           "1", "--resets", "1"], cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600,
                          check=True).stdout
     assert "servegen-skewed: step after/before median" in out and "servegen-skewed: reset after/before median" in out
+
+
+def test_rollout_cost_prices_an_episodes_contract_figures() -> None:
+    """benchmarks/rollout_cost.py without --before: evaluation episodes with a contract on every tenant against
+    the same revision without, each side reporting its episodes' figures per tenant (more with contracts)."""
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "rollout_cost.py"), "--scenario", "h200-live-small",
+                          "--policy", "static", "--episodes", "1", "--repeat", "1"], cwd=BENCHMARKS.parent,
+                         capture_output=True, text=True, timeout=600, check=True).stdout
+    assert "h200-live-small static: episode after/before median" in out
+    figures = re.search(r"\((\d+) figures per tenant\), before [\d.]+ ms/episode \((\d+)\)", out)
+    assert figures is not None and int(figures[1]) > int(figures[2])
