@@ -17,6 +17,7 @@ as it was.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from admit.evaluate.verdict import contracts_met, has_contracts, meets, too_few_seeds, verdicts
@@ -280,8 +281,8 @@ def pareto_plot(data: dict, path: str | Path) -> None:
         ax.errorbar(
             x,
             y,
-            xerr=[[x - wa[0]], [wa[1] - x]],
-            yerr=[[y - gp[0]], [gp[1] - y]],
+            xerr=_whisker(x, wa),
+            yerr=_whisker(y, gp),
             fmt="none",
             ecolor="gray",
             alpha=0.6,
@@ -305,6 +306,12 @@ def pareto_plot(data: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
+def _whisker(mean: float, ci: Sequence[float]) -> list[list[float]]:
+    """Error-bar lengths below and above ``mean`` for the interval ``ci``: never negative (a clipped interval,
+    or a mean read from elsewhere, may lie outside it)."""
+    return [[max(mean - ci[0], 0.0)], [max(ci[1] - mean, 0.0)]]
+
+
 def contract_plot(data: dict, path: str | Path) -> None:
     """Goodput vs the contract shortfall (in-contract requests short of the promise per episode, its axis
     reversed so that up and to the right is better, as in `pareto_plot`), one point per policy with 95% CI
@@ -321,7 +328,7 @@ def contract_plot(data: dict, path: str | Path) -> None:
     for i, (name, e) in enumerate(pols.items()):
         x, y = pts[name]
         sf, gp = [max(v, 0.0) for v in e["contract_shortfall"]["ci95"]], e["goodput_rps"]["ci95"]
-        ax.errorbar(x, y, xerr=[[x - sf[0]], [sf[1] - x]], yerr=[[y - gp[0]], [gp[1] - y]], fmt="none",
+        ax.errorbar(x, y, xerr=_whisker(x, sf), yerr=_whisker(y, gp), fmt="none",
                     ecolor="gray", alpha=0.6, capsize=3)
         ax.scatter([x], [y], marker="s" if i == 0 else "o", s=50 if i == 0 else 30, alpha=0.8, label=name)
         ax.annotate(f"{name} ({_met(e)} met)", (x, y), textcoords="offset points", xytext=(6, 6), fontsize=8)
@@ -355,9 +362,8 @@ def latency_pareto_plot(data: dict, path: str | Path) -> None:
     scale = 600.0 / max(max(drops), 1.0)
     for name, e in data["policies"].items():
         x, y = e["p99_s"]["mean"], e["throughput_rps"]["mean"]
-        xerr = [[x - e["p99_s"]["ci95"][0]], [e["p99_s"]["ci95"][1] - x]]
-        yerr = [[y - e["throughput_rps"]["ci95"][0]], [e["throughput_rps"]["ci95"][1] - y]]
-        ax.errorbar(x, y, xerr=xerr, yerr=yerr, fmt="none", ecolor="gray", alpha=0.6, capsize=3)
+        ax.errorbar(x, y, xerr=_whisker(x, e["p99_s"]["ci95"]), yerr=_whisker(y, e["throughput_rps"]["ci95"]),
+                    fmt="none", ecolor="gray", alpha=0.6, capsize=3)
         ax.scatter(
             [x], [y], s=20 + scale * e["dropped"]["mean"], alpha=0.6, label=f"{name} (drops {e['dropped']['mean']:.0f})"
         )
