@@ -37,7 +37,7 @@ from __future__ import annotations
 import itertools
 import math
 import zlib
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from functools import lru_cache
 from importlib import resources
 from pathlib import Path
@@ -765,23 +765,35 @@ def sample_scenario_data(fam: Family, seed: int) -> dict[str, Any]:
     return {**fixed, "name": fam.instance_name(seed), "description": desc, "tenants": tenants}
 
 
+Pick = Callable[[ContractDraw], tuple[float, float]]  # a tenant's (rate fraction, burst seconds)
+
+
 def _draw_contracts(
     part: ContractsPart, rng: np.random.Generator, tenants: list[dict[str, Any]],
     drawn: list[tuple[str, float, float]],
 ) -> str:
     """Give ``tenants`` (in place) their contracts, drawn in tenant order from ``rng`` after everything else
     (a family without contracts draws nothing more): per tenant whose tier has a draw, its rate fraction
-    then its burst seconds; then, where the contracts' loads (rate over the tenant's capacity, as
-    `contract_loads`) sum to more than ``max_load``, every rate times ``max_load / sum`` (the bursts keep
-    their seconds). Returns the description's sentence."""
+    then its burst seconds (`_give_contracts` does the rest). Returns the description's sentence."""
+    return _give_contracts(part, lambda d: (float(rng.uniform(*d.rate)), float(rng.uniform(*d.burst_s))),
+                           tenants, drawn, "drawn from")
+
+
+def _give_contracts(
+    part: ContractsPart, pick: Pick, tenants: list[dict[str, Any]], drawn: list[tuple[str, float, float]],
+    how: str, then: float = 1.0,
+) -> str:
+    """Give ``tenants`` (in place) the contracts of ``part``, with each tenant's rate fraction and burst
+    seconds from ``pick`` (in tenant order); then, where the contracts' loads (rate over the tenant's
+    capacity, as `contract_loads`) sum to more than ``max_load``, every rate times ``max_load / sum``, and
+    times ``then`` (the bursts keep their seconds). Returns the description's sentence."""
     raw: list[tuple[int, float, float, float, float] | None] = []  # index, rate, burst_s, attainment, capacity
     for i, (tier, rate, cap) in enumerate(drawn):
         d = part.draw_for(tier)
-        if d is None:
+        if d is None or rate <= 0:  # no contract for a tier without a draw, nor for a tenant that sends nothing
             raw.append(None)
             continue
-        frac = float(rng.uniform(*d.rate))
-        burst_s = float(rng.uniform(*d.burst_s))
+        frac, burst_s = pick(d)
         raw.append((i, frac * rate, burst_s, d.attainment, cap))
     got = [r for r in raw if r is not None]
     if not got:
@@ -791,14 +803,52 @@ def _draw_contracts(
     scale = min(1.0, part.max_load / total * (1.0 - 1e-6)) if total > 0 else 1.0
     notes = []
     for i, rps, burst_s, att, cap in got:
-        r = _sig(rps * scale)
+        r = _sig(rps * scale * then)
         burst = _sig(max(1.0, burst_s * r))
         tenants[i]["contract"] = {"requests_per_s": r, "burst": burst, "attainment": att}
         notes.append(f"{tenants[i]['name']} {r:.3g} req/s, burst {burst:.3g}, {att:g} ({r / cap:.2f})")
     scaled = (f", all scaled by {scale:.3f} from a load of {total:.2f} to {part.max_load:g}" if scale < 1.0
               else f", a load of {total:.2f}")
-    return (" Contracts drawn from each tenant's mean rate (rate, burst, attainment, load): "
+    if then != 1.0:
+        scaled += f", then all by {then:g}"
+    return (f" Contracts {how} each tenant's mean rate (rate, burst, attainment, load): "
             + "; ".join(notes) + scaled + ".")
+
+
+TYPICAL_CONTRACTS = ContractsPart(max_load=0.8, tiers={
+    "interactive": ContractDraw(rate=(0.5, 1.0), burst_s=(2, 10), attainment=0.95),
+    "standard": ContractDraw(rate=(0.5, 1.0), burst_s=(5, 30), attainment=0.9),
+    "batch": ContractDraw(rate=(0.3, 0.8), burst_s=(30, 120), attainment=0.9),
+})
+"""The contracts a family draws by default (h200-mix, h200-shift and h200-drift give these ranges) and those
+of the bundled scenarios, which take the middle of each range (`typical_contracts`)."""
+
+
+def slo_tier(slo: Mapping[str, Any]) -> str:
+    """A tenant's SLO tier by its objectives: ``interactive`` with a TTFT objective of 0.5 s or less,
+    ``standard`` with a looser one, ``batch`` with none (only end-to-end)."""
+    ttft = slo.get("ttft_s")
+    if ttft is None:
+        return "batch"
+    return "interactive" if ttft <= 0.5 else "standard"
+
+
+def typical_contracts(scenario: Scenario, part: ContractsPart = TYPICAL_CONTRACTS,
+                      scale: float = 1.0) -> tuple[list[dict[str, Any]], str]:
+    """Contracts for a hand-written scenario by a family's rule, without a draw: each tenant's tier from its
+    SLO (`slo_tier`), the middle of the tier's rate and burst ranges, scaled down together to ``max_load``,
+    then every rate times ``scale`` (the bursts keep their seconds): where one tenant's requests slow
+    another's, a load the engine carries can still miss a latency promise (docs/scenarios.md). Returns each
+    tenant's ``contract:`` mapping (in tenant order) and the sentence that says how."""
+    tenants: list[dict[str, Any]] = [{"name": t.name} for t in scenario.tenants]
+    drawn = []
+    for i, t in enumerate(scenario.tenants):
+        cap = tenant_capacity_rps(scenario, i)
+        drawn.append((slo_tier(t.slo.model_dump(exclude_none=True)), float(mean_rate(t.arrival, scenario.horizon_s)),
+                      float(cap)))
+    note = _give_contracts(part, lambda d: ((d.rate[0] + d.rate[1]) / 2, (d.burst_s[0] + d.burst_s[1]) / 2),
+                           tenants, drawn, "at the middle of the typical ranges from", then=scale)
+    return [t.get("contract", {}) for t in tenants], note
 
 
 def _clock(t_s: float) -> str:

@@ -153,10 +153,23 @@ SKEWED_RATE_SCALE = 0.6
 
 
 def skewed_scenario() -> dict:
-    """The ``servegen-skewed`` scenario as a dict (what envs/scenarios/servegen-skewed.yaml holds)."""
+    """The ``servegen-skewed`` scenario as a dict (what envs/scenarios/servegen-skewed.yaml holds), each
+    tenant with the contract the bundled scenarios' rule gives it (envs/family.py `typical_contracts`)."""
+    from admit.envs.family import typical_contracts  # the family module reads this one's table
+    from admit.envs.scenario import parse_scenario
+
     tenants = servegen_tenant_configs(SKEWED_CLIENTS, SKEWED_START_S, SKEWED_RATE_SCALE)
     for t in tenants:
         t["slo"] = {"ttft_s": 2.0, "tpot_s": 0.1, "ttft_p99_s": 2.0, "e2e_p99_s": 60.0}
+    data = _skewed_without_contracts(tenants)
+    contracts, _ = typical_contracts(parse_scenario(data, "servegen-skewed"))
+    for t, c in zip(tenants, contracts, strict=True):
+        if c:
+            t["contract"] = c
+    return data
+
+
+def _skewed_without_contracts(tenants: list[dict]) -> dict:
     return {
         "name": "servegen-skewed",
         "description": (

@@ -12,9 +12,16 @@ AGENT = {"tokens_per_s": 6000, "burst": 20000, "attainment": 0.9}
 
 
 def with_contracts(name: str, contracts: dict[str, dict[str, Any]], **top: Any) -> Scenario:
-    """Bundled scenario ``name`` with ``contracts`` by tenant name and the top-level keys ``top`` replaced."""
+    """Bundled scenario ``name`` with ``contracts`` by tenant name (a tenant not named has none, whatever the
+    bundled file gives it) and the top-level keys ``top`` replaced."""
     data = load_scenario(name).model_dump(exclude_none=True)
     for t in data["tenants"]:
+        t.pop("contract", None)
         if t["name"] in contracts:
             t["contract"] = contracts[t["name"]]
-    return parse_scenario({**data, **top}, f"{name} with contracts")
+    return parse_scenario({**data, **top}, f"{name} with contracts" if contracts else f"{name} without contracts")
+
+
+def without_contracts(name: str, **top: Any) -> Scenario:
+    """Bundled scenario ``name`` with no contract at all: what admit judged before tenants had them."""
+    return with_contracts(name, {}, **top)

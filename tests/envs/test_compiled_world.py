@@ -277,6 +277,7 @@ def test_world_choice_and_what_the_compiled_world_refuses() -> None:
 def test_a_request_that_can_never_run_is_refused_before_the_episode() -> None:
     data = load_scenario("h200-mixed").model_dump()
     data["tenants"][0]["prompt_tokens"] = {"kind": "constant", "value": 200_000}
+    data["tenants"][0]["contract"] = None  # at 200k-token prompts its contract would ask for 77 engines
     from admit.envs.scenario import parse_scenario
 
     sc = parse_scenario(data)

@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from admit.envs.compiled import make_simulation
-from admit.envs.scenario import load_scenario
 from admit.envs.simulation import in_contract
-from contract_helpers import with_contracts
+from contract_helpers import with_contracts, without_contracts
 
 HORIZON_S = 900.0
 LIMIT = 8
@@ -23,7 +22,7 @@ CHAT = {"requests_per_s": 1.2, "burst": 4, "attainment": 0.9}
 @pytest.mark.parametrize("seed", [0, 1, 2])
 def test_in_contract_requests_of_a_tenant_sending_three_times_its_contract_are_served_first(seed: int) -> None:
     contracted = with_contracts("h200-mixed", {"chat": CHAT}, horizon_s=HORIZON_S)
-    plain = load_scenario("h200-mixed").model_copy(update={"horizon_s": HORIZON_S})
+    plain = without_contracts("h200-mixed", horizon_s=HORIZON_S)
     k = [t.name for t in contracted.tenants].index("chat")
     bounds = [t.request_bounds for t in contracted.control_spec().tenants]
     got = {}

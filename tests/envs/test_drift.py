@@ -50,14 +50,17 @@ def test_drift_contracts_are_drawn_deterministically_from_the_tenants_rates_and_
 def test_contracts_are_scaled_together_to_max_load_and_families_without_them_have_none() -> None:
     data = yaml.safe_load(Path(load_family_path("h200-mix")).read_text())
     data["contracts"] = {"max_load": 0.3, "all": {"rate": [0.9, 1.0], "burst_s": [1, 2], "attainment": 0.9}}
-    fam = parse_family(data, "h200-mix with contracts")
+    fam = parse_family(data, "h200-mix with other contracts")
+    plain = parse_family({k: v for k, v in data.items() if k != "contracts"}, "h200-mix without contracts")
     for seed in (11000, 11001, 11002):
         sc = sample_scenario(fam, seed)
         total = sum(x for x in contract_loads(sc) if x is not None)
         assert sum(tenant_loads(sc)) * 0.9 > 0.3  # so the contracts were scaled down ...
         assert total == pytest.approx(0.3, rel=1e-4) and total <= 0.3  # ... to max_load
         assert "scaled by" in sc.description
-        assert not sample_scenario("h200-mix", seed).has_contracts
+        bare = sample_scenario(plain, seed)  # the same instance, drawn without contracts: its tenants unchanged
+        assert not bare.has_contracts
+        assert [t.model_copy(update={"contract": None}) for t in sc.tenants] == list(bare.tenants)
     data["contracts"] = {"tiers": {"premium": {"rate": [0.5, 1], "burst_s": [1, 2], "attainment": 0.9}}}
     with pytest.raises(FamilyError, match="unknown tiers"):
         parse_family(data, "x")

@@ -14,7 +14,7 @@ from admit.envs.simulation import Simulation
 
 def _requests_in(sim: Simulation) -> tuple[list, list]:
     """The requests queued at the admission core, and those in the engine (dispatched, not finished)."""
-    queued = [p for st in sim.core._t for _, _, p in st.queue]
+    queued = [p for st in sim.core._t for q in (st.queue, st.excess) for _, _, p in q]
     engine = sim.engine
     in_engine = list(engine.running()) + list(engine.waiting())
     return queued, in_engine

@@ -7,6 +7,7 @@ import sys
 import pytest
 from admit.envs.scenario import load_scenario
 from admit.evaluate.offline import evaluate, paired_p, run_policy
+from contract_helpers import without_contracts
 
 # The published study's table (20 seeds × 1800 s) and the issue's tolerances.
 STUDY = {
@@ -203,9 +204,10 @@ SHORT_S = 120.0  # simulated seconds per episode: enough for every h200-mixed te
 
 @pytest.fixture(scope="module")
 def short_eval() -> dict:
-    """Three policies on h200-mixed cut to two minutes, three seeds: every figure the reports read."""
-    sc = load_scenario("h200-mixed", horizon_s=SHORT_S)
-    return evaluate(sc, ["static", "robust", "static:16"], seeds=3).to_json()
+    """Three policies on h200-mixed cut to two minutes, three seeds: every figure the reports read (without the
+    scenario's contracts: tests/envs/test_contracts.py and the contract tests below take those)."""
+    return evaluate(without_contracts("h200-mixed", horizon_s=SHORT_S), ["static", "robust", "static:16"],
+                    seeds=3).to_json()
 
 
 def test_rollout_counts_every_tenant_and_the_tenants_add_up_to_the_total():
@@ -393,6 +395,8 @@ def test_results_report_on_any_scenario_load_scenario_accepts(monkeypatch, tmp_p
     monkeypatch.setattr(results, "learned_policies", lambda scenario: [])  # the report's mechanics, quickly
 
     raw = yaml.safe_load(resources.files("admit.envs").joinpath("scenarios", "h200-mixed.yaml").read_text())
+    for t in raw["tenants"]:  # the goodput layout (the contract one: tests/evaluate/test_report_lending.py)
+        del t["contract"]
     path = tmp_path / "mixed-short.yaml"
     path.write_text(yaml.safe_dump({**raw, "name": "mixed-short", "horizon_s": 60}))
     out = tmp_path / "docs" / "RESULTS.md"

@@ -12,6 +12,7 @@ from admit.agents.registry import make_controller
 from admit.envs.rollout import rollout
 from admit.envs.scenario import Scenario, load_scenario, parse_scenario
 from admit.train import static_search as search
+from contract_helpers import without_contracts
 
 SEEDS = [900000, 900001]
 
@@ -27,8 +28,8 @@ def cache(tmp_path, monkeypatch):
 def promised(attainment: float) -> Scenario:
     """long-context-chat's first 300 s with a contract for the long-context tenant, which the caps with the most
     goodput serve worse than they could (they favour the cheaper chat requests)."""
-    d = load_scenario("long-context-chat").model_dump(exclude_none=True, mode="json")
-    d["horizon_s"] = 300
+    d = without_contracts("long-context-chat").model_dump(exclude_none=True, mode="json")
+    d["name"], d["horizon_s"] = "long-context-chat-promised", 300  # its own name: no shipped tuning is its
     d["tenants"][0]["contract"] = {"requests_per_s": 0.2, "burst": 2, "attainment": attainment}
     return parse_scenario(d, "long-context-chat with a contract")
 
@@ -59,11 +60,11 @@ def test_the_search_under_contracts_keeps_the_promise_the_blind_one_breaks() -> 
 
 
 def test_a_scenario_without_contracts_is_refused_and_its_fingerprint_is_unchanged() -> None:
-    sc = load_scenario("h200-mixed")
+    sc = load_scenario("seed-paper")
     with pytest.raises(ValueError, match="has no contracts to search under"):
         search.search_static(sc, SEEDS, 1, objective="contract")
     shipped = [json.loads(p.read_text()) for p in best.shipped_dir().glob("*.json")]
-    stored = next(d for d in shipped if d["scenario"] == "h200-mixed")
+    stored = next(d for d in shipped if d["scenario"] == "seed-paper")
     assert search.fingerprint(sc) == stored["fingerprint"]  # the blind search's stores are found as before
 
 

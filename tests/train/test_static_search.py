@@ -3,10 +3,12 @@ seed rule, the verb."""
 
 import json
 import math
+import re
 import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 import yaml
 from admit.agents import static_best as best
@@ -200,18 +202,28 @@ def _shipped(name: str) -> dict:
     return json.loads((best.shipped_dir() / f"{name}.json").read_text())
 
 
-@pytest.mark.parametrize("name", SHIPPED)
-def test_shipped_caps_are_fresh_and_disjoint_from_evaluation_seeds(name):
-    data = _shipped(name)
+STORES = [(goal, p.stem) for goal in ("goodput", "contract") for p in sorted(best.shipped_dir(goal).glob("*.json"))]
+
+
+@pytest.mark.parametrize(("goal", "name"), STORES)
+def test_shipped_caps_are_fresh_and_disjoint_from_evaluation_seeds(goal, name):
+    """Every store shipped for static:best (static-best/) and static:contract (static-contract/, a drift
+    instance's last week included): tuned on the scenario as it is now, on seeds no evaluation uses."""
+    data = json.loads((best.shipped_dir(goal) / f"{name}.json").read_text())
     sc = load_scenario(data["source"])
-    assert data["fingerprint"] == search.fingerprint(sc), (
+    blind = " --blind" if goal == "goodput" and sc.has_contracts else ""
+    assert data["fingerprint"] == search.fingerprint(sc, goal), (
         f"{name} changed since its caps were tuned: admit search-static --scenario {name} --workers 2 "
-        f"--out agents/pretrained/static-best/{name}.json"
+        f"--out {best.shipped_dir(goal).relative_to(best.shipped_dir(goal).parents[2])}/{name}.json{blind}"
     )
     assert tuple(data["seeds"]) == search.SEARCH_SEEDS  # never an evaluation seed of admit evaluate (0..N-1)
-    assert data["goodput_rps"] >= data["plain_static"]["goodput_rps"]
+    if goal == "goodput":
+        assert data["goodput_rps"] >= data["plain_static"]["goodput_rps"]
+    else:
+        assert data["searched_for"] == "contract"
     # the command that made it, under the verb's name of the day (the shipped stores are kept byte for byte)
-    assert data["command"].startswith(f"admit tune-static --scenario {name} ") and data["wall_s"] > 0
+    assert re.match(rf"admit (tune|search)-static --scenario {re.escape(name)} ", data["command"]), data["command"]
+    assert data["wall_s"] > 0
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -243,7 +255,11 @@ def test_static_best_resolves_the_shipped_caps_unbound_and_bound(cache, capsys):
         assert c.tuned.path.parent == best.shipped_dir()
     assert "searching now" not in capsys.readouterr().err and not cache.exists()
     # and it is exactly the static policy at those caps
-    assert run_policy(sc, "static:best", 3) == run_policy(sc, search.static_policy(caps), 3)
+    a, b = run_policy(sc, "static:best", 3), run_policy(sc, search.static_policy(caps), 3)
+    lend_a, lend_b = a.pop("lending"), b.pop("lending")  # numpy series: compared on their own
+    assert a == b and lend_a.keys() == lend_b.keys()
+    assert all(np.array_equal(lend_a[k], lend_b[k]) if not isinstance(lend_a[k], dict) else
+               all(np.array_equal(lend_a[k][t], lend_b[k][t]) for t in lend_a[k]) for k in lend_a)
 
 
 def test_static_best_searches_a_changed_scenario_again_with_a_message_and_caches_it(cache, capsys):
@@ -326,6 +342,8 @@ def _admit(*args: str, env_cache: Path) -> subprocess.CompletedProcess:
 
 def _short_scenario(tmp_path: Path) -> Path:
     data = yaml.safe_load((Path(best.__file__).parents[1] / "envs/scenarios/h200-live-small.yaml").read_text())
+    for t in data["tenants"]:  # the tenant-blind search (with contracts: tests/train/test_static_contract.py)
+        del t["contract"]
     src = tmp_path / "short.yaml"
     src.write_text(yaml.safe_dump({**data, "name": "short", "horizon_s": 30}))
     return src
@@ -404,4 +422,5 @@ def test_an_unbound_static_best_finds_a_family_instances_shipped_caps_by_its_spe
     sc = load_scenario("h200-mix@11000")
     ctrl = make_controller("static:best")
     ctrl.reset(sc.control_spec(), 0)
-    assert list(ctrl.cap) == list(best.tuned_caps(sc).caps) == [1, 128, 256, 1]
+    shipped = _shipped("h200-mix@11000")
+    assert list(ctrl.cap) == list(best.tuned_caps(sc).caps) == [shipped["caps"][t.name] for t in sc.tenants]
