@@ -164,7 +164,8 @@ class CompiledSimulation:
                    np.zeros(N), np.zeros(N), np.zeros(N), np.zeros((N, K.NWC)), wp, np.zeros((n, K.NCACHE)),
                    np.zeros((n, K.NTOT), dtype=np.int64), np.zeros(n),
                    np.zeros((4, N + 1)), np.zeros((n, 2), dtype=np.int64), np.zeros(K.PW_CAP), np.zeros(K.PW_CAP),
-                   np.zeros((4, N + 1), dtype=np.int64), np.zeros(N + 1), np.zeros(N + 1, dtype=np.int64))
+                   np.zeros((4, N + 1), dtype=np.int64), np.zeros(N + 1), np.zeros(N + 1, dtype=np.int64),
+                   np.zeros((n, K.NCT), dtype=np.int64))  # S[22]: the in-contract counts (kernels.CT_*)
         self._arrivals = np.ascontiguousarray(times, dtype=np.float64)
         self._u_service = u_service
         self._out = np.zeros(K.N_GLOBAL + K.N_TENANT * n)
@@ -173,6 +174,9 @@ class CompiledSimulation:
         self._limits_buf = np.zeros(n, dtype=np.int64)
         self._agg = np.zeros(K.NAGG)
         self._ones = np.ones(n)
+        self._zeros = np.zeros(n)
+        self._ctaken = np.zeros((n, K.NCT), dtype=np.int64)
+        self._contracted = np.array([t.contract is not None for t in scenario.tenants])
         self._lo, self._hi = lim.min, lim.max
         self._interval_s, self._horizon_s = float(scenario.interval_s), float(scenario.horizon_s)
 
@@ -233,17 +237,26 @@ class CompiledSimulation:
         values, _, _ = self.env_step(np.asarray(deltas, dtype=np.int64), 0, self._ones)
         return self.last_limits, values, self.last_counts
 
-    def env_step(self, action: np.ndarray, offset: int, weights: np.ndarray) -> tuple[np.ndarray, np.ndarray,
-                                                                                        list[float]]:
+    def env_step(self, action: np.ndarray, offset: int, weights: np.ndarray,
+                 contract_weights: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, list[float]]:
         """The world's part of ``TenantAdmissionEnv.step`` in one kernel call (``kernels.env_step``): the deltas
         are ``action - offset`` (``action`` an int64 array, taken as given), ``weights`` each tenant's reward
-        weight. Returns the observation values (float64), the observation vector (float32, clipped as
-        ``vector_from_values`` clips it), both fresh arrays, and the sums the reward takes (``kernels.G_*``
-        order, as floats). The new limits are in ``last_limits``, the interval's counts in ``last_counts``."""
+        weight, ``contract_weights`` (float64) each tenant's in-contract miss weight (default: 0 for all). Returns
+        the observation values (float64), the observation vector (float32, clipped as ``vector_from_values``
+        clips it), both fresh arrays, and the sums the reward takes (``kernels.G_*`` order, as floats). The new
+        limits are in ``last_limits``, the interval's counts in ``last_counts``."""
         vec = np.empty(self._out.shape[0], dtype=np.float32)
         K.env_step(self._E, self._S, self._arrivals, action, offset, self._lo, self._hi, self._interval_s,
-                   self._horizon_s, weights, self._out, vec, self._taken, self._interval, self._limits_buf, self._agg)
+                   self._horizon_s, weights, self._out, vec, self._taken, self._interval, self._limits_buf, self._agg,
+                   self._zeros if contract_weights is None else contract_weights, self._ctaken)
         return self._out.copy(), vec, self._agg.tolist()
+
+    @property
+    def contract_totals(self) -> np.ndarray:
+        """Each tenant's in-contract requests so far: arrived, good, missed (rejected, dropped, or completed but
+        not good); a tenants × 3 int64 array, zero for a tenant without a contract (the kernels count all of
+        its requests, its one queue being its in-contract queue). ``Simulation.contract_totals``'s numbers."""
+        return self._S[22] * self._contracted[:, None]
 
     @property
     def last_limits(self) -> list[int]:

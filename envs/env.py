@@ -92,6 +92,24 @@ def observation_table() -> str:
     return "\n".join(lines)
 
 
+def contract_weights(scenario: Scenario) -> np.ndarray:
+    """Each tenant's weight of an in-contract miss in the reward (``c_i`` of the Rewards section): 0 without a
+    contract, else its SLO tier's weight in ``reward.contract_tiers`` (1 for a tier not named), times its
+    ``weight`` under ``reward.tenant_weights``."""
+    w = scenario.reward
+    by_tier = {str(k): float(v) for k, v in w.contract_tiers.items()}
+    if by_tier:
+        from admit.envs.family import slo_tier  # the tier names: only where a config weighs tiers
+
+        tiers = [slo_tier(t.slo.model_dump(exclude_none=True)) for t in scenario.tenants]
+    else:
+        tiers = [""] * len(scenario.tenants)
+    return np.array([
+        0.0 if t.contract is None else
+        by_tier.get(tier, 1.0) * (t.weight if w.tenant_weights else 1.0)
+        for t, tier in zip(scenario.tenants, tiers, strict=True)])
+
+
 class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
     """Per-tenant admission concurrency in front of a simulated multi-tenant LLM server.
 
@@ -176,7 +194,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
 
         w.throughput · completions / Δ + w.goodput · good / Δ − w.slo_violation · slo_violations / Δ
         − w.drop · (drops + rejections) / Δ − w.cost · Σ limits / (n · limits.max)
-        − w.change · Σ |new limit − old limit|
+        − w.change · Σ |new limit − old limit| − w.contract_miss · Σ_i c_i · contract_misses_i / Δ
 
     With ``reward.tenant_weights`` each tenant's counts are multiplied by its ``weight`` first.
     A completion over its tenant's e2e or TTFT objective is a violation; a *good* request completed within
@@ -185,6 +203,18 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
     violations 0.5, drops 1, cost and change 0. Every term is in ``info["reward_terms"]``; ``info`` also
     has ``limits``, ``time_s``, ``completions``, ``drops``, ``slo_violations`` and ``p99_s`` (the largest
     tenant e2e p99 of the window).
+
+    **The contract-first term** (``contract_miss``, weight 0 unless set): tenant i's *contract misses* in the
+    interval are its in-contract requests (classified at arrival, envs/simulation.py ``in_contract``) that
+    were rejected, dropped or completed but not good in it; at the truncating step its in-contract requests
+    still queued or running count as well, as the episode's contract figures count them not good. So an
+    episode's misses sum, per tenant, to exactly ``contract_arrived − contract_good`` of its figures
+    (envs/contracts.py ``episode_contracts``). ``c_i`` is 0 for a tenant without a contract, else its SLO
+    tier's weight in ``reward.contract_tiers`` (1 for a tier not named), times its ``weight`` under
+    ``reward.tenant_weights``. With ``goodput`` beside it, a policy is paid first for keeping promises and
+    then for the requests it serves well (docs/training.md, "The contract-first reward"). Where the scenario
+    has contracts, ``info["contract_misses"]`` is the interval's misses of the tenants with ``c_i`` > 0,
+    unweighted. Without contracts the term is −0.0 and the reward is as before it, bit for bit.
 
     ## Starting State
 
@@ -302,6 +332,9 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         # each tenant's reward weight (1 unless the scenario's reward weighs tenants), for the compiled step
         weighted = self.scenario.reward.tenant_weights
         self._weights = np.array([tc.weight if weighted else 1.0 for tc in self.scenario.tenants])
+        self._cweights = contract_weights(self.scenario)
+        self._contracts = self.scenario.has_contracts
+        self._ctaken = np.zeros((self.n, 3), dtype=np.int64)  # the Python world's in-contract counts at the last step
 
     @property
     def max_episode_steps(self) -> int:
@@ -330,6 +363,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         super().reset(seed=seed)
         episode_seed = int(seed) if seed is not None else int(self.np_random.integers(0, 2**31 - 1))
         self.sim = make_simulation(self.scenario, episode_seed, world=self.world)
+        self._ctaken = np.zeros((self.n, 3), dtype=np.int64)
         info = {"episode_seed": episode_seed, "limits": self.sim.limits, "time_s": 0.0}
         return self._vector(self._observe()), info
 
@@ -375,13 +409,27 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
                 for xs in (completed, goods, viol, losts)
             )
         changed = sum(abs(a - b) for a, b in zip(limits, before, strict=True))
-        terms = self._reward_terms(counted, sum(limits), changed)
+        misses, weighted = 0.0, 0.0
+        if self._contracts:  # the interval's in-contract misses, as the compiled step sums them
+            ct = sim.contract_totals
+            missed = (ct[:, 2] - self._ctaken[:, 2]).tolist()
+            self._ctaken = ct
+            for c, m in zip(self._cweights.tolist(), missed, strict=True):
+                if c != 0.0:
+                    misses += m
+                    weighted += c * m
+        done = sim.done
+        if done and self._contracts:
+            misses, weighted = self._unresolved(sim, misses, weighted)
+        terms = self._reward_terms(counted, sum(limits), changed, weighted)
         values = self._observe()
         info = self._info(terms, limits, sim.now, completions, lost, violations,
                           float(max(values[j] for j in self._p99_index)))
-        if sim.done:
+        if self._contracts:
+            info["contract_misses"] = misses
+        if done:
             info["episode_metrics"] = sim.summary()
-        return self._vector(values), float(sum(terms.values())), False, sim.done, info
+        return self._vector(values), float(sum(terms.values())), False, done, info
 
     def _step_compiled(self, sim: CompiledSimulation, action: Any):
         """``step`` on the compiled world: the kernel sets the limits, runs the interval, observes, counts and
@@ -396,22 +444,37 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
             act, offset = np.array(self._deltas(action), dtype=np.int64), 0
         else:
             offset = k
-        values, vec, g = sim.env_step(act, offset, self._weights)
+        values, vec, g = sim.env_step(act, offset, self._weights, self._cweights)
+        truncated = sim.done
+        misses, weighted = g[K.G_CMISS], g[K.G_W_CMISS]
+        if truncated and self._contracts:
+            misses, weighted = self._unresolved(sim, misses, weighted)
         terms = self._reward_terms((g[K.G_W_COMPLETED], g[K.G_W_GOOD], g[K.G_W_VIOL], g[K.G_W_LOST]),
-                                   g[K.G_LIMIT_SUM], g[K.G_CHANGE])
+                                   g[K.G_LIMIT_SUM], g[K.G_CHANGE], weighted)
         now = g[K.G_NOW]
         self._values, self._values_time, self._observation = values, now, None
         info = self._info(terms, sim.last_limits, now, int(g[K.G_COMPLETED]), int(g[K.G_LOST]), int(g[K.G_VIOL]),
                           g[K.G_P99])
-        truncated = sim.done
+        if self._contracts:
+            info["contract_misses"] = misses
         if truncated:
             info["episode_metrics"] = sim.summary()
         return vec if self._select is None else vec[self._select], float(sum(terms.values())), False, truncated, info
 
+    def _unresolved(self, sim: World, misses: float, weighted: float) -> tuple[float, float]:
+        """``misses`` and ``weighted`` (the last interval's contract misses, plain and weighted) with the in-contract
+        requests still queued or running at the horizon added: the episode's end counts them not good."""
+        ct = sim.contract_totals
+        for c, left in zip(self._cweights.tolist(), (ct[:, 0] - ct[:, 1] - ct[:, 2]).tolist(), strict=True):
+            if c != 0.0:
+                misses += left
+                weighted += c * left
+        return misses, weighted
+
     def _reward_terms(self, counted: tuple[float, ...], limit_sum: float,
-                      changed: float) -> dict[str, float]:
+                      changed: float, contract_misses: float = 0.0) -> dict[str, float]:
         """The reward's terms from the interval's (weighted) completions, good completions, violations and lost
-        requests, the limits' sum and the sum of their absolute changes."""
+        requests, the limits' sum, the sum of their absolute changes and the (weighted) contract misses."""
         sc = self.scenario
         w = sc.reward
         dt = sc.interval_s
@@ -422,6 +485,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
             "drop": -w.drop * counted[3] / dt,
             "cost": -w.cost * limit_sum / (self.n * sc.limits.max),
             "change": -w.change * changed,
+            "contract_miss": -w.contract_miss * contract_misses / dt,
         }
 
     @staticmethod

@@ -92,6 +92,11 @@ NWP = 10
 # ---- tot: per-tenant episode counts (TenantTotals' integer fields)
 T_ARRIVED, T_COMPLETED, T_DROPPED, T_REJECTED, T_VIOL, T_GOOD, T_OUT = range(7)
 NTOT = 7
+# ---- ctot (S[22]): per-tenant episode counts of its in-contract requests (``ri[r, INC]``; every request of a
+# tenant without a contract): arrived, good, and missed (rejected, dropped, or completed but not good). Added as
+# the 0/1 class, without a branch, so a scenario without contracts pays one add per event and reads nothing back
+CT_ARRIVED, CT_GOOD, CT_MISSED = range(3)
+NCT = 3
 # per-tenant window summary: 4 counts, then the 17 cached percentile-derived values
 NSUMMARY = 21
 NCACHE = 17
@@ -962,6 +967,7 @@ def _drop(S, ri, r, t):
     k = ri[r, TEN]
     qtok[k] -= ri[r, PROMPT]
     tot[k, T_DROPPED] += 1
+    S[22][k, CT_MISSED] += ri[r, INC]
     _window_push(wd, wi, k, W_DT, t)
 
 
@@ -1002,6 +1008,7 @@ def _arrive(E, S, r, t):
     qtok = S[14]
     k = ri[r, TEN]
     tot[k, T_ARRIVED] += 1
+    S[22][k, CT_ARRIVED] += ri[r, INC]
     _window_push(wa, wi, k, W_AT, t)
     # AdmissionCore.offer
     depth = _queued(ai, k)
@@ -1013,6 +1020,7 @@ def _arrive(E, S, r, t):
     elif depth >= ai[k, A_MAXQ]:
         ai[k, A_REJ] += 1
         tot[k, T_REJECTED] += 1
+        S[22][k, CT_MISSED] += ri[r, INC]
         _window_push(wr, wi, k, W_RT, t)
     else:
         now = sf[S_NOW]
@@ -1046,6 +1054,9 @@ def _finish(E, S, r, t):
     good = ttft <= wp[k, P_B_TTFT] and per_token <= wp[k, P_B_TPOT] and e2e <= wp[k, P_B_E2E]
     if good:
         tot[k, T_GOOD] += 1
+        S[22][k, CT_GOOD] += ri[r, INC]
+    else:
+        S[22][k, CT_MISSED] += ri[r, INC]
     if e2e > wp[k, P_V_E2E] or ttft > wp[k, P_V_TTFT]:
         tot[k, T_VIOL] += 1
     c = wi[k, W_CT]
@@ -1410,15 +1421,15 @@ def observe_all(E, S, out):
 
 # ---- agg: what one env step sums for the reward and the info dict (TenantAdmissionEnv.step)
 (G_COMPLETED, G_GOOD, G_VIOL, G_LOST, G_W_COMPLETED, G_W_GOOD, G_W_VIOL, G_W_LOST, G_LIMIT_SUM, G_CHANGE, G_P99,
- G_NOW) = range(12)
-NAGG = 12
+ G_NOW, G_CMISS, G_W_CMISS) = range(14)
+NAGG = 14  # G_CMISS, G_W_CMISS: the interval's in-contract misses, plain and times the contract weights
 OBS_E2E_P99 = 9  # a tenant's e2e p99 in its block of the observation (core/observation.TENANT_FEATURES)
 FEATURE_MAX = 1.0e6  # core/observation.FEATURE_MAX
 
 
 @kernel
 def env_step(E, S, arrivals, action, offset, lo, hi, interval, horizon, weights, out, vec, taken, counts, limits,
-             agg):
+             agg, cweights, ctaken):
     """One decision interval of ``TenantAdmissionEnv.step`` in one call.
 
     Each tenant's limit becomes ``clamp(limit + action[k] - offset, lo, hi)`` (``Limits.apply``; set where it
@@ -1428,7 +1439,9 @@ def env_step(E, S, arrivals, action, offset, lo, hi, interval, horizon, weights,
     ``taken``, which becomes the totals) to ``counts``; the new limits to ``limits``; and ``agg`` gets the sums
     the env's reward and info take (the ``G_`` names): the counts over tenants, plain and times ``weights``
     (summed in tenant order from 0, as Python's ``sum``), the limits' sum, the sum of their absolute changes,
-    the largest tenant e2e p99 (the first of equals, as ``max``) and the time reached."""
+    the largest tenant e2e p99 (the first of equals, as ``max``) and the time reached; and the interval's
+    in-contract misses (``ctot``'s less ``ctaken``'s, which becomes them), plain and times ``cweights`` (each
+    tenant's contract weight, 0 for a tenant without a contract)."""
     ai = S[0]
     tot = S[13]
     nt = ai.shape[0]
@@ -1473,6 +1486,14 @@ def env_step(E, S, arrivals, action, offset, lo, hi, interval, horizon, weights,
         v = out[N_GLOBAL + k * N_TENANT + OBS_E2E_P99]
         if v > p99:
             p99 = v
+    ctot = S[22]
+    for k in range(nt):
+        miss = ctot[k, CT_MISSED] - ctaken[k, CT_MISSED]
+        for j in range(NCT):
+            ctaken[k, j] = ctot[k, j]
+        if cweights[k] != 0.0:
+            agg[G_CMISS] += miss
+            agg[G_W_CMISS] += cweights[k] * miss
     agg[G_LIMIT_SUM] = lsum
     agg[G_CHANGE] = change
     agg[G_P99] = p99

@@ -101,6 +101,10 @@ class RewardConfig(StrictModel):
     ``admit evaluate`` judges by. A training config can replace these weights (``reward:`` in admit train).
     ``tenant_weights``: count each tenant's completions, good requests, misses and drops times its ``weight``
     (the tenant's share in the weighted-fair controllers), so a heavier tenant's requests are worth more.
+    ``contract_miss`` (default 0) costs each in-contract request that is not good (rejected, dropped, late, or
+    unfinished at the horizon) of a tenant with a contract, times the tenant's weight: its SLO tier's in
+    ``contract_tiers`` (envs/family.py ``slo_tier``: interactive, standard, batch; 1 for a tier not named), and
+    its ``weight`` too under ``tenant_weights``. envs/env.py's Rewards say when a miss counts.
     """
 
     throughput: float = 1.0
@@ -110,6 +114,9 @@ class RewardConfig(StrictModel):
     cost: float = 0.0
     change: float = 0.0
     tenant_weights: bool = False
+    contract_miss: float = 0.0
+    contract_tiers: dict[Literal["interactive", "standard", "batch"], Annotated[float, Field(ge=0)]] = Field(
+        default_factory=dict)
 
 
 class Scenario(StrictModel):

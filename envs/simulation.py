@@ -302,9 +302,18 @@ class Simulation:
         self._next = 0
         # per request, in arrival order: whether it is in its tenant's contract (all of them without contracts)
         self._in_contract: list[bool] = [True] * len(self._requests)
+        # per tenant: its in-contract requests arrived, good and missed (``contract_totals``), counted only where
+        # some tenant has a contract: the counting event handlers replace the plain ones then, so a scenario
+        # without contracts runs the same code as before them
+        self._contract = [[0, 0, 0] for _ in range(n)]
+        self._contracted = np.array([t.contract is not None for t in scenario.tenants])
         if scenario.has_contracts:
             c = RequestColumns.of(self._requests)
             self._in_contract = in_contract(scenario, c.tenant, c.arrival, c.prompt, c.output).tolist()
+            self._excess = {id(r) for r, inside in zip(self._requests, self._in_contract, strict=True) if not inside}
+            self._arrive = self._arrive_counted  # type: ignore[method-assign]
+            self._drop = self._drop_counted  # type: ignore[method-assign]
+            self._finish = self._finish_counted  # type: ignore[method-assign]
 
         # --- the server and the admission core in front of it
         self.engine = make_engine(scenario)
@@ -354,6 +363,13 @@ class Simulation:
     def request_columns(self) -> RequestColumns:
         """This episode's requests as columns in arrival order (``requests`` without the objects)."""
         return RequestColumns.of(self._requests)
+
+    @property
+    def contract_totals(self) -> np.ndarray:
+        """Each tenant's in-contract requests so far (those that count: arrived at or after the warm-up): arrived,
+        good, missed (rejected, dropped, or completed but not good); a tenants × 3 int64 array, zero for a tenant
+        without a contract. What is neither good nor missed is still queued or running."""
+        return np.array(self._contract, dtype=np.int64) * self._contracted[:, None]
 
     def apply_deltas(self, deltas: Sequence[int]) -> list[int]:
         """Add per-tenant deltas to the limits, clamped to [min, max] (``Limits.apply``); returns the new limits."""
@@ -484,7 +500,7 @@ class Simulation:
                 arrive(r, t, inc)
         self.now = until
 
-    def _arrive(self, r: Request, t: float, in_contract: bool) -> None:
+    def _arrive(self, r: Request, t: float, in_contract: bool) -> Offer:
         k = r.tenant
         tot = self.totals[k] if r.arrival >= self.warmup_s else self.warmup_totals[k]
         tot.arrived += 1
@@ -498,13 +514,14 @@ class Simulation:
         elif res is Offer.REJECTED:
             tot.rejected += 1
             self.windows[k].on_rejection(t)
+        return res
 
     def _drop(self, k: int, r: Request, t: float) -> None:
         self._queued_tokens[k] -= r.prompt_tokens
         (self.totals[k] if r.arrival >= self.warmup_s else self.warmup_totals[k]).dropped += 1
         self.windows[k].on_drop(t)
 
-    def _finish(self, r: Request, t: float) -> None:
+    def _finish(self, r: Request, t: float) -> bool:
         k = r.tenant
         tot, b_ttft, b_tpot, b_e2e, slo_e2e, slo_ttft, on_completion = self._per_tenant[k]
         arrival = r.arrival
@@ -528,6 +545,28 @@ class Simulation:
         nxt = self.core.release(k)
         if nxt is not None:
             self._dispatch(nxt[0])
+        return good
+
+    # the event handlers where some tenant has a contract: the plain ones, and the in-contract counts
+    def _arrive_counted(self, r: Request, t: float, in_contract: bool) -> Offer:
+        res = Simulation._arrive(self, r, t, in_contract)
+        if in_contract and r.arrival >= self.warmup_s:
+            c = self._contract[r.tenant]
+            c[0] += 1
+            if res is Offer.REJECTED:
+                c[2] += 1
+        return res
+
+    def _drop_counted(self, k: int, r: Request, t: float) -> None:
+        Simulation._drop(self, k, r, t)
+        if id(r) not in self._excess and r.arrival >= self.warmup_s:
+            self._contract[k][2] += 1
+
+    def _finish_counted(self, r: Request, t: float) -> bool:
+        good = Simulation._finish(self, r, t)
+        if id(r) not in self._excess and r.arrival >= self.warmup_s:
+            self._contract[r.tenant][1 if good else 2] += 1
+        return good
 
     # ------------------------------------------------------------------ results
     def summary(self) -> dict[str, float]:

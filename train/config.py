@@ -169,7 +169,9 @@ class EvalConfig(StrictModel):
 class RewardOverride(StrictModel):
     """Reward weights that replace the scenario's own for this training (envs.scenario.RewardConfig; a key
     left out keeps the scenario's weight). ``{throughput: 0, goodput: 1, slo_violation: 0}`` trains on goodput,
-    what ``admit evaluate`` judges by."""
+    what ``admit evaluate`` judges by. ``{contract_miss: 4, goodput: 1, ...}`` is the contract-first reward: each
+    in-contract request that is not good costs 4 (per tenant, times its tier's weight in ``contract_tiers``),
+    each good request earns 1 (envs/env.py's Rewards; docs/training.md)."""
 
     throughput: float | None = None
     goodput: float | None = None
@@ -178,6 +180,15 @@ class RewardOverride(StrictModel):
     cost: float | None = None
     change: float | None = None
     tenant_weights: bool | None = None
+    contract_miss: float | None = None
+    contract_tiers: dict[Literal["interactive", "standard", "batch"], float] | None = Field(
+        default=None, description="per SLO tier, an in-contract miss's weight (1 for a tier not named)")
+
+    @model_validator(mode="after")
+    def _tiers(self) -> RewardOverride:
+        if self.contract_tiers and any(v < 0 for v in self.contract_tiers.values()):
+            raise ValueError(f"contract_tiers: weights must be >= 0, got {self.contract_tiers}")
+        return self
 
     def weights(self) -> dict[str, Any]:
         """The weights this override sets."""
