@@ -448,6 +448,27 @@ def contract_tenant_table(data: dict, llm_name: str = "") -> list[str]:
         cells = [f"{t['contract_attainment']['mean']:.3f} ({_pv(t['p_value_vs_first']['contract_attainment'], i == 0)})"
                  f" · {'yes' if meets(t) else '**no**'}" for t in ts]
         lines.append(f"| {_shown(pol, llm_name)} | " + " | ".join(cells) + " |")
+    return lines + lending_table(data, llm_name)
+
+
+LENDING = ("excess_goodput", "borrowed", "lent")  # envs/contracts.py episode_lending, per tenant
+
+
+def lending_table(data: dict, llm_name: str = "") -> list[str]:
+    """Per tenant of a table with contracts: its excess goodput, and the concurrency it borrowed beyond its
+    nominal share and lent of it (means over the decisions, then over the seeds); nothing where the figures
+    were not measured."""
+    pols = data["policies"]
+    tenants = list(next(iter(pols.values()))["tenants"])
+    if not all(m in e["tenants"][t] for e in pols.values() for t in tenants for m in LENDING):
+        return []
+    lines = ["", "Per tenant: excess goodput req/s (good requests beyond the contract) · concurrency borrowed "
+             "beyond its nominal share / lent of it (docs/scenarios.md):", "",
+             "| policy | " + " | ".join(tenants) + " |", "|---|" + "---|" * len(tenants)]
+    for pol, e in pols.items():
+        cells = [f"{e['tenants'][t]['excess_goodput']['mean']:.3f} · {e['tenants'][t]['borrowed']['mean']:.1f} / "
+                 f"{e['tenants'][t]['lent']['mean']:.1f}" for t in tenants]
+        lines.append(f"| {_shown(pol, llm_name)} | " + " | ".join(cells) + " |")
     return lines
 
 

@@ -212,3 +212,9 @@ def test_a_report_with_contracts_runs_the_contract_policies(monkeypatch, tmp_pat
         assert re.search(rf"^\| {re.escape(pol)} \| \d/2 \| ", text, re.M), pol
     assert "What keeping every promise costs" not in text  # neither static:contract nor static:best ran
     assert load_scenario(path).has_contracts
+    # each tenant's excess goodput and borrowed / lent concurrency, the JSON's means
+    lend = text[text.index("Per tenant: excess goodput"):]
+    for pol, e in data["policies"].items():
+        cells = [f"{t['excess_goodput']['mean']:.3f} · {t['borrowed']['mean']:.1f} / {t['lent']['mean']:.1f}"
+                 for t in e["tenants"].values()]
+        assert f"| {pol} | " + " | ".join(cells) + " |" in lend, pol
