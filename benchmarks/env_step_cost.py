@@ -10,10 +10,14 @@ noise hits both, and the median of the rounds' ratios is reported. This revision
 ``admit/TenantAdmission-v0`` (``--env-id``, ``--before-env-id``): against a revision from before the
 token-aware Observation and the per-request SLO accounting (d88995f below) the ratio is their price together.
 
+Every side runs the scenario without the contracts its file may give (bundled scenarios have them);
 ``--contracts`` gives this revision's side a contract on every tenant (core/contract.py: requests/s at the
 tenant's own mean rate, so the contracts fit together wherever the scenario's load does; a burst of two
 seconds of it; attainment 0.9): the price of the contract bookkeeping, the classification at each episode's
 start and the two queues per tenant. Without ``--before`` the other side is this revision without contracts.
+``--before-contracts`` gives the other side the same contracts (a revision that has them), and
+``--contract-miss W`` this revision's side the contract-first reward term at weight W (envs/env.py, "Rewards";
+``goodput`` 1 beside it): with both, the ratio is the term's price on a scenario with contracts.
 Each side also reports the CPU time of a reset (``--resets`` of them, timed after the steps), where an
 episode's requests are drawn and classified.
 
@@ -43,15 +47,20 @@ import gymnasium as gym, numpy as np
 import admit.envs  # registers the ids
 scenario, steps, env_id, resets, contracts = sys.argv[2], int(sys.argv[3]), sys.argv[4], int(sys.argv[5]), \
     sys.argv[6] == "1"
+miss = sys.argv[7] if len(sys.argv) > 7 else ""
+from admit.envs.scenario import load_scenario, parse_scenario
+sc = load_scenario(scenario)
+data = sc.model_dump(exclude_none=True)
+for d in data["tenants"]:  # the scenario's own contracts (a bundled file's) off: none, or the ones below
+    d.pop("contract", None)
 if contracts:  # every tenant promised its own mean rate (requests/s), a burst of two seconds of it
     from admit.envs.family import mean_rate
-    from admit.envs.scenario import load_scenario, parse_scenario
-    sc = load_scenario(scenario)
-    data = sc.model_dump(exclude_none=True)
     for t, d in zip(sc.tenants, data["tenants"]):
         rate = max(mean_rate(t.arrival, sc.horizon_s), 0.01)
         d["contract"] = {"requests_per_s": rate, "burst": max(1.0, 2 * rate), "attainment": 0.9}
-    scenario = parse_scenario(data, f"{scenario} with contracts")
+    if miss:  # the contract-first reward term (only a revision that has it)
+        data["reward"] = {**data.get("reward", {}), "goodput": 1.0, "contract_miss": float(miss)}
+scenario = parse_scenario(data, f"{scenario} with contracts" if contracts else f"{scenario} without contracts")
 env = gym.make(env_id, scenario=scenario)
 rng = np.random.default_rng(0)
 env.reset(seed=0)
@@ -76,9 +85,10 @@ print(json.dumps({"cpu_us_per_step": 1e6 * cpu / steps, "obs_size": obs_size,
 """
 
 
-def one(code: Path | None, scenario: str, steps: int, env_id: str, resets: int, contracts: bool) -> dict[str, float]:
+def one(code: Path | None, scenario: str, steps: int, env_id: str, resets: int, contracts: bool,
+        miss: str = "") -> dict[str, float]:
     out = subprocess.run([sys.executable, "-c", LOOP, str(code) if code else "", scenario, str(steps), env_id,
-                          str(resets), "1" if contracts else "0"],
+                          str(resets), "1" if contracts else "0", miss],
                          check=True, capture_output=True, text=True, env={**os.environ, "PYTHONWARNINGS": "ignore"})
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -93,6 +103,9 @@ def main() -> None:
     ap.add_argument("--env-id", default="admit/TenantAdmission-v1", help="this revision's env id")
     ap.add_argument("--before-env-id", default="admit/TenantAdmission-v0", help="the other revision's env id")
     ap.add_argument("--contracts", action="store_true", help="this revision's side: a contract on every tenant")
+    ap.add_argument("--before-contracts", action="store_true", help="the other side: the same contracts")
+    ap.add_argument("--contract-miss", default="", help="this revision's side, with --contracts: the reward's "
+                    "contract_miss weight (goodput 1)")
     ap.add_argument("--resets", type=int, default=5, help="resets timed after the steps, per round and side")
     a = ap.parse_args()
     if a.before is None and not a.contracts:
@@ -107,10 +120,12 @@ def main() -> None:
         for sc in scenarios:
             ratios, reset_ratios = [], []
             for r in range(a.repeat):
-                pair = [("after", None, a.env_id, a.contracts), ("before", old, before_env, False)]
+                pair = [("after", None, a.env_id, a.contracts, a.contract_miss),
+                        ("before", old, before_env, a.before_contracts, "")]
                 if r % 2:
                     pair.reverse()
-                got = {name: one(code, sc, a.steps, env, a.resets, con) for name, code, env, con in pair}
+                got = {name: one(code, sc, a.steps, env, a.resets, con, miss)
+                       for name, code, env, con, miss in pair}
                 af, bf = got["after"], got["before"]
                 ratios.append(af["cpu_us_per_step"] / bf["cpu_us_per_step"])
                 reset_ratios.append(af["cpu_ms_per_reset"] / bf["cpu_ms_per_reset"])
