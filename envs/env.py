@@ -294,7 +294,9 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
 
     * v1: the observation gains the token footprints, TPOT, goodput and the per-request objectives
       (layout 2: ``5 + 27·n``); actions, rewards and the simulated world are v0's. ``admit/TenantAdmission-v1``
-      and ``admit/TenantAdmission-<scenario>-v1``.
+      and ``admit/TenantAdmission-<scenario>-v1``. Later, the ``contract_miss`` term (``reward_terms`` always
+      has it: −0.0 unless its weight is set and some tenant has a contract, so every reward is as it was)
+      and, where tenants have contracts, ``info["contract_misses"]``.
     * v0: Initial version (layout 1, ``3 + 17·n``), still registered as ``admit/TenantAdmission-v0`` and
       ``admit/TenantAdmission-<scenario>-v0`` (``layout=1``) for what was trained on it. Later additions
       changed none of its behaviour (spaces, rewards and trajectories are bit-identical): the
