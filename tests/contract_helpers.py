@@ -7,6 +7,8 @@ from typing import Any
 
 from admit.envs.scenario import Scenario, load_scenario, parse_scenario
 
+WORLDS = ("python", "compiled")
+
 CHAT = {"requests_per_s": 1.5, "burst": 5, "attainment": 0.95}
 AGENT = {"tokens_per_s": 6000, "burst": 20000, "attainment": 0.9}
 
@@ -25,3 +27,19 @@ def with_contracts(name: str, contracts: dict[str, dict[str, Any]], **top: Any) 
 def without_contracts(name: str, **top: Any) -> Scenario:
     """Bundled scenario ``name`` with no contract at all: what admit judged before tenants had them."""
     return with_contracts(name, {}, **top)
+
+
+def run_in_both_worlds(sc: Scenario, policy: str, seed: int) -> dict[str, Any]:
+    """One episode of ``policy`` on ``sc`` in each simulated world (envs/simulation.py, envs/compiled.py), the
+    finished simulations by world: what the tests that compare the worlds read their figures from."""
+    from admit.agents.registry import make_controller
+    from admit.envs.compiled import make_simulation
+
+    sims = {}
+    for world in WORLDS:
+        sim = make_simulation(sc, seed, world=world)
+        ctrl = make_controller(policy, sc)
+        ctrl.reset(sc.control_spec(), seed)
+        sim.run(ctrl)
+        sims[world] = sim
+    return sims

@@ -7,13 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from admit.agents.registry import make_controller
-from admit.envs.compiled import make_simulation
 from admit.envs.contracts import episode_contracts
 from admit.envs.family import contract_loads, tenant_capacity_rps, typical_contracts
 from admit.envs.rollout import rollout
 from admit.envs.scenario import ScenarioError, load_scenario
 from admit.evaluate.offline import evaluate
-from contract_helpers import AGENT, CHAT, with_contracts, without_contracts
+from contract_helpers import AGENT, CHAT, run_in_both_worlds, with_contracts, without_contracts
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -74,11 +73,7 @@ def test_both_worlds_give_the_same_figures_and_the_episodes_own_good_count(polic
     every request of a tenant, are the episode's own count, and the compiled world gives the Python one's."""
     sc = with_contracts("h200-live-small", {"chat": CHAT, "agent": AGENT})
     got = {}
-    for world in ("python", "compiled"):
-        sim = make_simulation(sc, 5, world=world)
-        ctrl = make_controller(policy, sc)
-        ctrl.reset(sc.control_spec(), 5)
-        sim.run(ctrl)
+    for world, sim in run_in_both_worlds(sc, policy, 5).items():
         cols = sim.request_columns()
         good = cols.good([t.request_bounds for t in sc.control_spec().tenants])
         for k, tot in enumerate(sim.totals):

@@ -14,7 +14,7 @@ from admit.envs.rollout import rollout
 from admit.envs.scenario import Scenario, load_scenario, parse_scenario
 from admit.envs.simulation import RequestColumns, Simulation, decision_count, decision_times
 from admit.evaluate.offline import evaluate
-from contract_helpers import AGENT, CHAT
+from contract_helpers import AGENT, CHAT, run_in_both_worlds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -64,13 +64,8 @@ def test_in_flight_at_each_decision_is_the_admission_cores_once_the_decision_is_
 @pytest.mark.parametrize("policy", ["static:share", "aimd", "kueue-borrow"])
 def test_both_worlds_give_the_same_figures_bit_for_bit(policy: str) -> None:
     sc = _contracted()
-    got = {}
-    for world in ("python", "compiled"):
-        sim = make_simulation(sc, 4, world=world)
-        ctrl = make_controller(policy, sc)
-        ctrl.reset(sc.control_spec(), 4)
-        sim.run(ctrl)
-        got[world] = episode_lending(sc, sim.request_columns(), decision_times(sc))
+    got = {world: episode_lending(sc, sim.request_columns(), decision_times(sc))
+           for world, sim in run_in_both_worlds(sc, policy, 4).items()}
     (per, series), (per_c, series_c) = got["python"], got["compiled"]
     assert per == per_c and series["nominal"] == series_c["nominal"]
     assert series["time_s"].tobytes() == series_c["time_s"].tobytes()
