@@ -3,9 +3,10 @@
 For every policy and every seed s the simulation draws the same workload (arrivals, sizes, service
 draws) from s, so differences between policies on one seed are due to the policies alone. Per policy we
 report the mean, the sample standard deviation and a 95% confidence interval (Student t, n−1 degrees of
-freedom) of each metric over seeds, and a paired two-sided Wilcoxon signed-rank test of every policy
-against the first one on each metric (seeds are the pairs; zero differences are split between the ranks,
-scipy's ``zero_method="zsplit"``). The test is distribution-free, which matters for drop counts.
+freedom; clipped at 0 for a count that cannot be negative, `LOWER_BOUNDS`) of each metric over seeds, and a
+paired two-sided Wilcoxon signed-rank test of every policy against the first one on each metric (seeds are
+the pairs; zero differences are split between the ranks, scipy's ``zero_method="zsplit"``). The test is
+distribution-free, which matters for drop counts.
 
 The same is done per tenant (``"tenants"`` in the JSON, `TENANT_METRICS`): a tenant's attainment is
 tested on its own, because an overall figure can rise while one tenant is shed. evaluate/verdict.py turns
@@ -79,6 +80,10 @@ CONTRACT_METRICS = ("contracts_met", "contract_shortfall", "jain_share", "contra
 # these (a tenant without a contract has a nominal share of 0).
 TENANT_CONTRACT_METRICS = ("contract_attainment", "contract_met", "contract_shortfall", "contract_arrived",
                            "contract_good", "excess_goodput", "borrowed", "lent")
+# Figures that cannot go below a bound, with it: their interval is clipped there (`summarize`). Only the contract
+# shortfall, overall and per tenant: a count of requests that is often 0 on most seeds and large on a few, so its
+# t-interval would reach below 0 (e.g. 19.4 [-8.6, 47.4]).
+LOWER_BOUNDS = {"contract_shortfall": 0.0}
 
 
 def run_policy(scenario: Scenario, policy: str, seed: int) -> Episode:
@@ -91,13 +96,32 @@ def _job(args: tuple[Scenario, str, int]) -> Episode:
     return run_policy(*args)
 
 
-def summarize(values: Sequence[float]) -> dict[str, float | list[float]]:
+def summarize(values: Sequence[float], lower: float | None = None) -> dict[str, float | list[float]]:
+    """The mean, the sample standard deviation and the 95% Student-t interval of ``values`` (0 wide for one value).
+
+    ``lower``: a bound the quantity cannot go below (a count: 0); the interval is clipped there, i.e. intersected
+    with the values the mean can take. That keeps its coverage (the true mean lies above the bound, so the clipped
+    interval holds it whenever the t-interval does) and leaves the mean and the upper end as they are; a sample of
+    many zeros and a few large counts, whose t-interval reaches below 0, gets [0, upper]."""
     x = np.asarray(values, dtype=float)
     n = len(x)
     mean = float(x.mean())
     std = float(x.std(ddof=1)) if n > 1 else 0.0
     half = float(stats.t.ppf(0.975, n - 1) * std / math.sqrt(n)) if n > 1 else 0.0
-    return {"mean": mean, "std": std, "ci95": [mean - half, mean + half]}
+    lo = mean - half if lower is None else max(mean - half, lower)
+    return {"mean": mean, "std": std, "ci95": [lo, mean + half]}
+
+
+def bound_intervals(data: dict) -> dict:
+    """``data`` (results.json) with the interval of every `LOWER_BOUNDS` figure, overall and per tenant, computed
+    again from its stored values by `summarize` (in place; returned): a report re-rendered from results written
+    before a figure was bounded shows it clipped. Every other figure is left as stored."""
+    for entry in data["policies"].values():
+        for block in (entry, *entry.get("tenants", {}).values()):
+            for m, lower in LOWER_BOUNDS.items():
+                if m in block and "values" in block[m]:
+                    block[m]["ci95"] = summarize(block[m]["values"], lower)["ci95"]
+    return data
 
 
 def paired_p(a: Sequence[float], b: Sequence[float]) -> float:
@@ -114,7 +138,7 @@ def _block(runs: Sequence[dict[str, float]], base: Sequence[dict[str, float]] | 
     entry: dict = {}
     for m in metrics:
         vals = [r[m] for r in runs]
-        entry[m] = {**summarize(vals), "values": vals}
+        entry[m] = {**summarize(vals, LOWER_BOUNDS.get(m)), "values": vals}
     entry["p_value_vs_first"] = {
         m: 1.0 if base is None else paired_p([r[m] for r in runs], [r[m] for r in base]) for m in metrics
     }

@@ -29,9 +29,14 @@ WIDTH = 120
 
 
 def _pm(entry: dict, digits: int) -> str:
-    """``mean ±h``: h the half-width of the 95% CI (the interval is symmetric: Student t)."""
+    """``mean ±h``: h the half-width of the 95% CI (Student t, symmetric); ``mean +h`` where the interval was
+    clipped at a bound below (evaluate/offline.py ``LOWER_BOUNDS``: the shortfall, at 0), h then its upper end's
+    distance from the mean."""
     lo, hi = entry["ci95"]
-    return f"{entry['mean']:.{digits}f} ±{(hi - lo) / 2:.{digits}f}"
+    mean = entry["mean"]
+    if lo == 0.0 and hi - mean > mean:  # clipped at 0: the t-interval's lower end, mean - (hi - mean), was below
+        return f"{mean:.{digits}f} +{hi - mean:.{digits}f}"
+    return f"{mean:.{digits}f} ±{(hi - lo) / 2:.{digits}f}"
 
 
 def _p(p: float, first: bool = False) -> str:
@@ -240,7 +245,8 @@ def header_lines(data: dict) -> list[str]:
             "good / arrived in contract; Jain share = Jain over the contracted tenants' good service / contract rate",
             "excess = good out-of-contract requests/s; borrowed / lent = mean concurrency in flight beyond the",
             "tenant's nominal share (its contract's share of the total; none without a contract) / of its idle share",
-            "that borrowers use",
+            "that borrowers use; the shortfall is a count: its CI is clipped at 0, shown mean +h (the upper end) where",
+            "the t-interval would reach below 0",
         ]
     return lines
 

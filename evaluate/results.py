@@ -52,7 +52,7 @@ import numpy as np
 from admit.agents.registry import make_controller
 from admit.core.percentiles import linear_np
 from admit.envs.scenario import bundled_scenarios, load_scenario
-from admit.evaluate.offline import METRICS, evaluate, p_values_vs, paired_p
+from admit.evaluate.offline import METRICS, bound_intervals, evaluate, p_values_vs, paired_p
 from admit.evaluate.report import latency_pareto_plot, pareto_plot
 from admit.evaluate.verdict import (
     CONTRACT_RULE,
@@ -518,8 +518,9 @@ def scenario_section(
         f"{n} seeds ({seeds[0]}–{seeds[-1]}); mean [95% CI]; p = paired Wilcoxon vs `{base}`; attainment = good "
         "requests / all arrivals; drops = queue timeouts."
         + (" Contracts met = k of n tenants whose mean in-contract attainment over the seeds reaches the promise; "
-           "shortfall = in-contract requests short of the promise per episode; Jain share = Jain's index over the "
-           "contracted tenants' good service divided by their contracts' rates." if has_contracts(data) else "")
+           "shortfall = in-contract requests short of the promise per episode (a count: its CI is clipped at 0); "
+           "Jain share = Jain's index over the contracted tenants' good service divided by their contracts' rates."
+           if has_contracts(data) else "")
         + (f" {few}" if few else ""),
         "",
         *goodput_table(data, llm_name),
@@ -872,14 +873,16 @@ def ray_session(ray: str | None, render_only: bool) -> Iterator[None]:
 
 
 def _earlier(path: Path, scenario: str, seeds: int) -> dict:
-    """results.json of an earlier run for ``render_only``; ValueError when it is missing or is not that run's."""
+    """results.json of an earlier run for ``render_only``; ValueError when it is missing or is not that run's. The
+    interval of a figure bounded below (offline.py ``LOWER_BOUNDS``: the contract shortfall) is computed again
+    from its stored values, so figures stored before it was bounded render clipped at the bound."""
     if not path.is_file():
         raise ValueError(f"--render-only needs {path} from an earlier `admit results` run; it does not exist")
     data = json.loads(path.read_text())
     if data.get("seeds") != seeds:
         raise ValueError(f"{path} has {data.get('seeds')} seeds, not the {seeds} asked for: "
                          "run without --render-only")
-    return data
+    return bound_intervals(data)
 
 
 def _baseline_line(scenarios: list[str], baselines: list[str], contracted: Sequence[str] = ()) -> str:

@@ -688,3 +688,37 @@ def test_results_with_contracts_lead_with_the_promises_and_state_the_rule(contra
     assert re.search(r"^\| static:1 \| 0\.\d{3} \(0\.031\) · \*\*no\*\* \|", text, re.M)
     assert "goodput vs the contract shortfall" in text
     assert results.verdict_against(contract_eval, "static:1", "static:16") == verdicts(contract_eval)["static:1"]
+
+
+def test_the_shortfall_interval_is_clipped_at_zero_and_no_other_figure_is(tmp_path):
+    """The contract shortfall is a count: a sample of many zeros and one large count, whose t-interval reaches
+    below 0, gets its lower end at 0, overall and per tenant, with the mean and the upper end unchanged; another
+    count with the same sample (drops) keeps its t-interval. A report re-rendered from results stored before the
+    bound reads the clipped interval (computed again from the stored values)."""
+    from admit.evaluate import results
+    from admit.evaluate.offline import Evaluation, summarize
+    from admit.evaluate.report import _pm
+
+    sample = [0.0] * 9 + [120.0]
+    t_lo, t_hi = summarize(sample)["ci95"]
+    assert t_lo < 0  # the t-interval crosses the bound
+    runs = [{"timeouts": s, "contract_shortfall": s, "tenants": {"chat": {"timeouts": s, "contract_shortfall": s}}}
+            for s in sample]
+    data = Evaluation("x", list(range(10)), ["p"], {"p": runs}, metrics=("timeouts",),
+                      tenant_metrics=("timeouts",)).to_json()
+    entry = data["policies"]["p"]
+    for block in (entry, entry["tenants"]["chat"]):
+        short = block["contract_shortfall"]
+        assert short["mean"] == pytest.approx(12.0) and short["ci95"] == [0.0, t_hi]
+        assert block["timeouts"]["mean"] == short["mean"] and block["timeouts"]["ci95"] == [t_lo, t_hi]
+    assert _pm(entry["contract_shortfall"], 1) == f"12.0 +{t_hi - 12.0:.1f}"
+    assert _pm(entry["timeouts"], 1) == f"12.0 ±{(t_hi - t_lo) / 2:.1f}"
+    # results stored before the bound: re-rendering clips the shortfall from its values, leaves the rest as stored
+    for block in (entry, entry["tenants"]["chat"]):
+        block["contract_shortfall"]["ci95"] = [t_lo, t_hi]
+    data["seeds"] = 10
+    path = tmp_path / "x.json"
+    path.write_text(json.dumps(data))
+    again = results._earlier(path, "x", 10)["policies"]["p"]
+    for block in (again, again["tenants"]["chat"]):
+        assert block["contract_shortfall"]["ci95"] == [0.0, t_hi] and block["timeouts"]["ci95"] == [t_lo, t_hi]
