@@ -239,11 +239,13 @@ def scenario_for_spec(spec: ControlSpec, log: Callable[[str], None] | None = Non
 
 
 def check_seeds(policies: Sequence[str], seeds: Sequence[int], scenario: Scenario) -> None:
-    """Raise ValueError when an evaluation of ``policies`` on ``seeds`` would test a static:best on a seed its
-    caps were tuned on (``admit evaluate`` can call it before any work; `BestStatic.reset` checks it anyway)."""
-    for objective, policy in POLICY.items():
-        if policy in policies:
-            _refuse_overlap(tuned_caps(scenario, objective=objective), seeds, policy)
+    """Raise ValueError when an evaluation of ``policies`` on ``seeds`` would test a tuned static policy
+    (static:best, static:contract, static:contract-stale) on a seed its caps were tuned on: the seeds of the store
+    it deploys on ``scenario``, for static:contract-stale its last-week sibling's (``admit evaluate`` can call it
+    before any work; `BestStatic.reset` checks it anyway)."""
+    for cls in TUNED:
+        if cls.name in policies:
+            _refuse_overlap(tuned_caps(cls().searched_on(scenario), objective=cls.objective), seeds, cls.name)
 
 
 def _refuse_overlap(tuned: TunedCaps, seeds: Iterable[int], policy: str = "static:best") -> None:
@@ -318,3 +320,7 @@ class StaleContractStatic(ContractStatic):
         from admit.envs.family import last_week  # families load only when asked for
 
         return last_week(scenario)
+
+
+# every policy that deploys a tuning store, for `check_seeds`
+TUNED: tuple[type[BestStatic], ...] = (BestStatic, ContractStatic, StaleContractStatic)

@@ -54,3 +54,20 @@ def test_stale_caps_come_from_the_last_week_sibling_and_deploy_on_this_week(caps
 def test_unknown_static_argument_names_contract_stale() -> None:
     with pytest.raises(ValueError, match="'contract-stale'"):
         make_controller("static:nope")
+
+
+def test_check_seeds_refuses_the_seeds_the_last_week_sibling_was_tuned_on() -> None:
+    """static:contract-stale deploys its last-week sibling's store: check_seeds refuses an evaluation on that
+    store's tuning seeds, and not on this week's store's (which static:contract deploys)."""
+    sc = promised()
+    sibling = last_week(sc)
+    search.write_store(search.search_static(sibling, seeds=[7, 8], workers=1, objective="contract").to_json("test"),
+                       best.cache_path(sibling, "contract"))
+    search.write_store(search.search_static(sc, seeds=[5, 6], workers=1, objective="contract").to_json("test"),
+                       best.cache_path(sc, "contract"))
+    with pytest.raises(ValueError, match=rf"static:contract-stale's caps for '{sibling.name}' were tuned on seeds "
+                                         r"7\.\.8 .* on seed 8 would test"):
+        best.check_seeds(["static", "static:contract-stale"], range(8, 20), sc)
+    best.check_seeds(["static:contract-stale"], [0, 1, 5, 6, 9], sc)  # this week's tuning seeds are not its own
+    with pytest.raises(ValueError, match="static:contract's caps .* tuned on seeds 5..6"):
+        best.check_seeds(["static:contract"], [6], sc)
