@@ -144,6 +144,8 @@ class SB3Policy:
         self.tenant_set = isinstance(self.model.policy, TenantSetPolicy)
         self.anchored = bool(self.tenant_set and getattr(self.model.policy, "anchored", False))
         self.anchors: list[int] | None = None
+        self.contracted = bool(self.tenant_set and getattr(self.model.policy, "contracted", False))
+        self.contracts: np.ndarray | None = None  # the contract features of a policy that reads them (set_codec)
         self.limits = Limits()
 
     def reset(self, spec: ControlSpec, seed: int | None = None, anchors: Sequence[int] | None = None) -> None:
@@ -155,6 +157,7 @@ class SB3Policy:
             policy: Any = self.model.policy
             set_codec.check_tenants(n, policy.set_max_tenants)
             self.n, self.k, self.limits = n, k, spec.limits
+            self.contracts = set_codec.contract_features(spec) if self.contracted else None
             if self.anchored:
                 if anchors is None:
                     raise ValueError(f"policy {self.name} acts around tuned caps and was given none (make it with "
@@ -190,7 +193,8 @@ class SB3Policy:
         if self.tenant_set:
             policy: Any = self.model.policy
             vec = self.norm.normalize_obs(
-                set_codec.observation_vector(obs, self.limits, policy.set_max_tenants, self.anchors)[None])
+                set_codec.observation_vector(obs, self.limits, policy.set_max_tenants, self.anchors,
+                                             self.contracts)[None])
             choices, _ = self.model.predict(np.asarray(vec, dtype=np.float32), deterministic=True)
             current = [t.limit for t in obs.tenants]
             if self.anchors is not None:

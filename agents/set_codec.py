@@ -29,6 +29,13 @@ slot's anchor (0 in padding), after the mask; a choice ``c`` then asks for the t
 the current limit towards that target by at most ``max_step``. "Hold" holds the anchor, so a policy that
 always holds *is* static:best, and every other choice is a bounded, non-cumulative deviation from it: the
 next decision's target is again relative to the anchor, not to wherever the last one left the limit.
+
+**Contract features** (``contracts=``; the policy config's ``contract_features: true``): M × ``len(CONTRACT_FEATURES)``
+more entries, after the anchors when there are any: per slot, the tenant's contracted requests/s (a token
+contract's at ``MEAN_TOKENS`` tokens a request, core/contract.py), its burst in requests (the same conversion)
+and the promised attainment — all 0 for a tenant without a contract and in padding. They come from the
+contracts themselves (``ControlSpec``), which the simulator and the live gateway both know; what a tenant sends
+against its contract is in the observation already (its arrivals per window).
 """
 
 from __future__ import annotations
@@ -36,8 +43,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from admit.core.contract import MEAN_TOKENS
 from admit.core.observation import GLOBAL_FEATURES, LAYOUT_VERSION, TENANT_FEATURES, Observation
-from admit.core.spec import Limits
+from admit.core.spec import ControlSpec, Limits
 
 MAX_TENANTS = 8
 FACTORS: tuple[float, ...] = (0.5, 0.75, 0.9, 1.0, 1.1, 1.33, 2.0)
@@ -57,19 +65,41 @@ def factor_set(name: str) -> tuple[float, ...]:
     return FACTOR_SETS[name]
 N_GLOBAL = len(GLOBAL_FEATURES) + 3
 N_TENANT = len(TENANT_FEATURES)
+CONTRACT_FEATURES = ("contract_rps", "contract_burst", "contract_attainment")
+N_CONTRACT = len(CONTRACT_FEATURES)
 
 
-def set_vector_size(max_tenants: int = MAX_TENANTS, anchored: bool = False) -> int:
-    return N_GLOBAL + max_tenants * (N_TENANT + 1) + (max_tenants if anchored else 0)
+def set_vector_size(max_tenants: int = MAX_TENANTS, anchored: bool = False, contracted: bool = False) -> int:
+    return (N_GLOBAL + max_tenants * (N_TENANT + 1) + (max_tenants if anchored else 0)
+            + (max_tenants * N_CONTRACT if contracted else 0))
+
+
+def set_layout_of(size: int, max_tenants: int = MAX_TENANTS) -> tuple[bool, bool]:
+    """(anchored, contracted) of a tenant-set input of ``size`` entries; ValueError for any other size."""
+    for anchored in (False, True):
+        for contracted in (False, True):
+            if size == set_vector_size(max_tenants, anchored, contracted):
+                return anchored, contracted
+    raise ValueError(f"a tenant-set input for {max_tenants} slots has {set_vector_size(max_tenants)} entries "
+                     f"(or {set_vector_size(max_tenants, True)} with anchors, "
+                     f"{set_vector_size(max_tenants, False, True)} with contract features, "
+                     f"{set_vector_size(max_tenants, True, True)} with both), got {size}")
 
 
 def anchored_of(size: int, max_tenants: int = MAX_TENANTS) -> bool:
-    """Whether a tenant-set input of ``size`` entries carries anchors; ValueError for any other size."""
-    for anchored in (False, True):
-        if size == set_vector_size(max_tenants, anchored):
-            return anchored
-    raise ValueError(f"a tenant-set input for {max_tenants} slots has {set_vector_size(max_tenants)} entries "
-                     f"(or {set_vector_size(max_tenants, True)} with anchors), got {size}")
+    """Whether a tenant-set input of ``size`` entries carries anchors; ValueError for a size of no layout."""
+    return set_layout_of(size, max_tenants)[0]
+
+
+def contract_features(spec: ControlSpec) -> np.ndarray:
+    """Per tenant, ``CONTRACT_FEATURES`` of its contract (zeros without one): an (n, N_CONTRACT) array."""
+    out = np.zeros((spec.n_tenants, N_CONTRACT), dtype=np.float32)
+    for i, t in enumerate(spec.tenants):
+        c = t.contract
+        if c is not None:
+            per_request = 1.0 if c.unit == "requests" else MEAN_TOKENS
+            out[i] = (c.requests_per_s_at(MEAN_TOKENS), c.burst / per_request, c.attainment)
+    return out
 
 
 def check_tenants(n: int, max_tenants: int = MAX_TENANTS) -> None:
@@ -78,25 +108,32 @@ def check_tenants(n: int, max_tenants: int = MAX_TENANTS) -> None:
 
 
 def set_vector(flat: np.ndarray, n: int, limits: Limits, max_tenants: int = MAX_TENANTS,
-               anchors: Sequence[int] | None = None) -> np.ndarray:
+               anchors: Sequence[int] | None = None, contracts: np.ndarray | None = None) -> np.ndarray:
     """The tenant-set vector from a layout-2 flat vector of ``n`` tenants (``Observation.to_vector()``);
-    with ``anchors`` (one cap per tenant) the anchored layout."""
+    with ``anchors`` (one cap per tenant) the anchored layout; with ``contracts`` (``contract_features``) the
+    contract features."""
     check_tenants(n, max_tenants)
     if anchors is not None:
         check_anchors(anchors, n, limits)
+    if contracts is not None and np.shape(contracts) != (n, N_CONTRACT):
+        raise ValueError(f"contract features must be {n} rows of {N_CONTRACT} ({', '.join(CONTRACT_FEATURES)}), "
+                         f"got shape {np.shape(contracts)}")
     g = len(GLOBAL_FEATURES)
     if flat.shape != (g + n * N_TENANT,):
         raise ValueError(f"expected a layout-{LAYOUT_VERSION} vector of {g + n * N_TENANT} entries for {n} tenants, "
                          f"got shape {flat.shape}")
-    out = np.zeros(set_vector_size(max_tenants, anchors is not None), dtype=np.float32)
+    out = np.zeros(set_vector_size(max_tenants, anchors is not None, contracts is not None), dtype=np.float32)
     out[:g] = flat[:g]
     out[g:N_GLOBAL] = (limits.min, limits.max, n)
     out[N_GLOBAL : N_GLOBAL + n * N_TENANT] = flat[g:]
     mask0 = N_GLOBAL + max_tenants * N_TENANT
     out[mask0 : mask0 + n] = 1.0
+    a0 = mask0 + max_tenants
     if anchors is not None:
-        a0 = mask0 + max_tenants
         out[a0 : a0 + n] = anchors
+        a0 += max_tenants
+    if contracts is not None:
+        out[a0 : a0 + n * N_CONTRACT] = np.asarray(contracts, dtype=np.float32).reshape(-1)
     return out
 
 
@@ -106,8 +143,8 @@ def check_anchors(anchors: Sequence[int], n: int, limits: Limits) -> None:
 
 
 def observation_vector(obs: Observation, limits: Limits, max_tenants: int = MAX_TENANTS,
-                       anchors: Sequence[int] | None = None) -> np.ndarray:
-    return set_vector(obs.to_vector(), obs.n_tenants, limits, max_tenants, anchors)
+                       anchors: Sequence[int] | None = None, contracts: np.ndarray | None = None) -> np.ndarray:
+    return set_vector(obs.to_vector(), obs.n_tenants, limits, max_tenants, anchors, contracts)
 
 
 def delta_list(choices: Sequence[int] | np.ndarray, current: Sequence[float] | np.ndarray,

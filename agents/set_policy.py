@@ -17,7 +17,8 @@ with the same parameters (a third of ψ's multiply-adds; sums in another order, 
 
 Anchored (admit.agents.set_codec: the input carries each slot's anchor cap after the mask, found from the
 observation space's size), ``log1p(anchor)`` is one more per-tenant feature of φ; ``hold_bias`` starts the
-head's "hold" logit above the others, so an untrained anchored policy's mode is its anchors.
+head's "hold" logit above the others, so an untrained anchored policy's mode is its anchors. With contract
+features (after the anchors, if any), ``log1p`` of each slot's ``set_codec.CONTRACT_FEATURES`` are three more.
 
 A padding slot's logits are pinned to "hold" (a near-certain choice), so it adds nothing to the log-probability
 or the entropy PPO optimises. Zaheer et al., "Deep Sets" (NeurIPS 2017) for the sum/max-pooled form.
@@ -31,7 +32,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
-from admit.agents.set_codec import HOLD, MAX_TENANTS, N_GLOBAL, N_TENANT, anchored_of, factor_set
+from admit.agents.set_codec import HOLD, MAX_TENANTS, N_CONTRACT, N_GLOBAL, N_TENANT, factor_set, set_layout_of
 from stable_baselines3.common.distributions import MultiCategoricalDistribution
 from stable_baselines3.common.policies import ActorCriticPolicy
 from torch import nn
@@ -45,7 +46,8 @@ PIN = 30.0  # a padding slot's logit margin for "hold": probability 1 − 6·e^�
 class SetExtractor(nn.Module):
     """φ, the pooling, ψ's hidden layer and ρ's: ``forward`` gives (actor latent, critic latent)."""
 
-    def __init__(self, hidden: int, max_tenants: int, activation: str = "tanh", anchored: bool = False) -> None:
+    def __init__(self, hidden: int, max_tenants: int, activation: str = "tanh", anchored: bool = False,
+                 contracted: bool = False) -> None:
         super().__init__()
         if activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {sorted(ACTIVATIONS)}, got {activation!r}")
@@ -53,7 +55,8 @@ class SetExtractor(nn.Module):
         self.m = max_tenants
         self.hidden = hidden
         self.anchored = anchored
-        self.nt = N_TENANT + (1 if anchored else 0)  # per-tenant features φ reads
+        self.contracted = contracted
+        self.nt = N_TENANT + (1 if anchored else 0) + (N_CONTRACT if contracted else 0)  # per-tenant features φ reads
         self.phi = nn.Sequential(nn.Linear(self.nt + N_GLOBAL, hidden), act(), nn.Linear(hidden, hidden), act())
         self.psi = nn.Sequential(nn.Linear(3 * hidden, hidden), act())
         self.rho = nn.Sequential(nn.Linear(2 * hidden + N_GLOBAL, hidden), act())
@@ -68,8 +71,12 @@ class SetExtractor(nn.Module):
         zt = z[:, N_GLOBAL : N_GLOBAL + m * N_TENANT].reshape(b, m, N_TENANT)
         mask0 = N_GLOBAL + m * N_TENANT
         mask = x[:, mask0 : mask0 + m]
+        a0 = mask0 + m
         if self.anchored:
-            zt = torch.cat([zt, z[:, mask0 + m : mask0 + 2 * m].unsqueeze(-1)], dim=-1)
+            zt = torch.cat([zt, z[:, a0 : a0 + m].unsqueeze(-1)], dim=-1)
+            a0 += m
+        if self.contracted:
+            zt = torch.cat([zt, z[:, a0 : a0 + m * N_CONTRACT].reshape(b, m, N_CONTRACT)], dim=-1)
         # φ's first layer on [z_tenant_i, z_global], the globals' share once per row (as ψ's context below)
         first = self.phi[0]
         assert isinstance(first, nn.Linear)
@@ -191,9 +198,9 @@ class TenantSetPolicy(ActorCriticPolicy):
     def _build_mlp_extractor(self) -> None:
         shape = self.observation_space.shape
         assert shape is not None, "a tenant-set policy's observation space has a shape"
-        self.anchored = anchored_of(int(shape[0]), self.set_max_tenants)
+        self.anchored, self.contracted = set_layout_of(int(shape[0]), self.set_max_tenants)
         self.mlp_extractor = SetExtractor(  # type: ignore[assignment]
-            self.set_hidden, self.set_max_tenants, self.set_activation, self.anchored)
+            self.set_hidden, self.set_max_tenants, self.set_activation, self.anchored, self.contracted)
 
     def _build(self, lr_schedule: Any) -> None:
         super()._build(lr_schedule)

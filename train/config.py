@@ -108,6 +108,9 @@ class PolicyConfig(StrictModel):
     anchor_factors: Literal["narrow", "wide"] = Field(
         default="narrow", description="tenant-set anchored: the choices around the anchor, narrow (×0.5 … ×2) or "
         "wide (×0.25 … ×8; admit.agents.set_codec)")
+    contract_features: bool = Field(
+        default=False, description="tenant-set: each slot also reads its tenant's contract (requests/s, burst, "
+        "promised attainment; admit.agents.set_codec)")
 
     @model_validator(mode="after")
     def _positive(self) -> PolicyConfig:
@@ -238,6 +241,8 @@ class TrainConfig(StrictModel):
             raise ValueError(f"policy.kind tenant-set needs algo ppo or a2c, got {self.algo!r}")
         if self.policy.anchor != "none" and self.policy.kind != "tenant-set":
             raise ValueError("policy.anchor: only the tenant-set policy acts around anchors (policy.kind tenant-set)")
+        if self.policy.contract_features and self.policy.kind != "tenant-set":
+            raise ValueError("policy.contract_features: only the tenant-set policy reads them (policy.kind tenant-set)")
         if self.family_pool is not None and self.family is None:
             raise ValueError("family_pool: only for a family run (set family)")
         if self.timesteps == 0 and self.imitation is None:

@@ -87,7 +87,7 @@ def _factory(
         paired = None if cfg.paired_reward is None else Paired(cfg.paired_reward.tenant_penalty,
                                                                 cfg.paired_reward.tolerance)
         return MakeSetEnv(worlds_of(cfg, scenario, split), cfg.reward_per_offered_load, base, stride,
-                          cfg.policy.anchor_factors, paired)
+                          cfg.policy.anchor_factors, paired, cfg.policy.contract_features)
     assert scenario is not None
     return env_factory(scenario, ACTION_KIND[cfg.algo], base, stride)
 

@@ -252,8 +252,9 @@ class SetEnv(gym.Env):
     metadata = {"render_modes": []}  # noqa: RUF012 (gymnasium convention)
 
     def __init__(self, worlds: Worlds, per_offered_load: bool = True, max_tenants: int = set_codec.MAX_TENANTS,
-                 factors: str = "narrow", paired: Paired | None = None) -> None:
+                 factors: str = "narrow", paired: Paired | None = None, contracted: bool = False) -> None:
         self.worlds = worlds
+        self.contracted = contracted  # the vector carries each slot's contract features (set_codec)
         self.per_offered_load = per_offered_load
         self.max_tenants = max_tenants
         self.anchored = worlds.anchored
@@ -264,7 +265,7 @@ class SetEnv(gym.Env):
             raise ValueError("the paired reward compares the policy with its anchors: it needs anchored worlds")
         self.paired = paired
         self.observation_space = gym.spaces.Box(
-            0.0, FEATURE_MAX, (set_codec.set_vector_size(max_tenants, self.anchored),), dtype=np.float32)
+            0.0, FEATURE_MAX, (set_codec.set_vector_size(max_tenants, self.anchored, contracted),), dtype=np.float32)
         self.anchors: list[int] | None = None
         self.action_space = gym.spaces.MultiDiscrete(np.full(max_tenants, len(self.factors), dtype=np.int64))
         self._twin_good = np.zeros((0, 0))  # the anchors' episode: each tenant's good requests after each decision
@@ -313,8 +314,9 @@ class SetEnv(gym.Env):
             self._good = np.zeros(self.inner.n)
             self._phi, self._total, self._decision = 0.0, 0.0, 0
         # the episode's vector layout, checked once: set_vector of a zero observation is the template
+        contracts = set_codec.contract_features(sc.control_spec()) if self.contracted else None
         self._template = set_codec.set_vector(np.zeros_like(flat), self.inner.n, self.limits, self.max_tenants,
-                                              self.anchors)
+                                              self.anchors, contracts)
         self._g = len(flat) - self.inner.n * set_codec.N_TENANT
         info["world"] = sc.name
         return self._vec(flat), info

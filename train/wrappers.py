@@ -98,7 +98,9 @@ class MakeSetEnv:
     seed_stride: int = 1
     factors: str = "narrow"
     paired: Paired | None = None
+    contracted: bool = False
 
     def __call__(self) -> gym.Env:
-        env = SetEnv(self.worlds, self.per_offered_load, factors=self.factors, paired=self.paired)
+        env = SetEnv(self.worlds, self.per_offered_load, factors=self.factors, paired=self.paired,
+                     contracted=self.contracted)
         return EpisodeSeeds(env, self.seed_base, self.seed_stride)
