@@ -158,3 +158,32 @@ def test_the_compiled_classification_is_the_meters(gaps: list[float], who: list[
         mine = ten == k
         want = classify(c, t[mine], p[mine], o[mine]) if c is not None else np.ones(int(mine.sum()), dtype=bool)
         assert got[mine].tolist() == want.tolist()
+
+
+# docs/scenarios.md "The families' drawn contracts, checked at contract": caps `admit search-static --at-contract`
+# found that keep every drawn promise when each tenant sends exactly its contract
+KEPT_AT_CONTRACT = {"h200-mix@11000": "32,4,12,1", "h200-drift@11000": "48,4,6,24,16"}
+
+
+@pytest.mark.parametrize("name", sorted(KEPT_AT_CONTRACT))
+def test_a_drawn_instance_keeps_every_contract_at_contract_under_the_documented_caps(name: str) -> None:
+    from admit.envs.contracts import at_contract
+
+    ep = rollout(at_contract(load_scenario(name)), make_controller(f"static:{KEPT_AT_CONTRACT[name]}"), 900000)
+    assert ep["contracts"] == len(KEPT_AT_CONTRACT[name].split(",")) and ep["contracts_met"] == ep["contracts"]
+
+
+def test_a_long_context_tenant_is_what_breaks_a_drawn_h200_shift_instance_at_contract() -> None:
+    """h200-shift@11001's contracts fit the engine by the estimate, yet at contract the default caps break an
+    interactive promise; without the long-context tenant the same caps keep both chats'."""
+    from admit.envs.contracts import at_contract
+    from admit.envs.scenario import parse_scenario
+
+    at = at_contract(load_scenario("h200-shift@11001"))
+    full = rollout(at, make_controller("static:64"), 900000)
+    assert full["contracts_met"] < full["contracts"] == 3
+    data = at.model_dump(mode="json", exclude_none=True)
+    data["tenants"] = [t for t in data["tenants"] if t["name"] != "long-context-jobs"]
+    assert len(data["tenants"]) == 2
+    alone = rollout(parse_scenario(data, "without long-context-jobs"), make_controller("static:64"), 900000)
+    assert alone["contracts_met"] == alone["contracts"] == 2
