@@ -25,7 +25,7 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from admit.core.contract import figures, lending, nominal_concurrency
+from admit.core.contract import ATTAINMENT_EPS, figures, lending, nominal_concurrency
 from admit.envs.scenario import Scenario, parse_scenario
 from admit.envs.simulation import RequestColumns, in_contract, jain
 from admit.envs.workload import Trace
@@ -124,12 +124,13 @@ def contract_json(scenario: Scenario) -> dict[str, Any]:
     return {t.name: t.contract.model_dump(exclude_none=True) for t in scenario.tenants if t.contract is not None}
 
 
-def at_contract(scenario: Scenario) -> Scenario:
+def at_contract(scenario: Scenario, horizon_s: float | None = None) -> Scenario:
     """``scenario`` with every tenant that has a contract sending exactly it: constant arrivals at the
     contracted requests/s (a token contract's at the tenant's mean request size, engine/capacity.py's mix), so
     every request is in contract; its request sizes as before (a replayed trace's by resampling its columns).
     Tenants without a contract are unchanged. Searching its caps under the contracts (``admit search-static
-    --at-contract``) says whether some static caps keep every promise when each tenant sends its contract."""
+    --at-contract``) says whether some static caps keep every promise when each tenant sends its contract.
+    ``horizon_s``: a shorter (or longer) episode than the scenario's."""
     from admit.envs.family import tenant_mix  # the capacity estimate: only when asked
 
     if not scenario.has_contracts:
@@ -144,4 +145,45 @@ def at_contract(scenario: Scenario) -> Scenario:
                 d.setdefault(key, {"kind": "empirical", "source": t.arrival.source, "column": col})
         d["arrival"] = {"kind": "constant", "rate": rate}
     data["name"] = f"{scenario.name}-at-contract"
+    if horizon_s is not None:
+        data["horizon_s"] = horizon_s
     return parse_scenario(data, f"{scenario.name} at its contracts")
+
+
+class _Initial:
+    """The scenario's initial caps, held: the witness of `kept_at_contract` (a static rule, so the compiled
+    world runs the whole episode in one call)."""
+
+    name = "initial caps"
+
+    def reset(self, spec: Any, seed: int | None = None) -> None:
+        self.n = spec.n_tenants
+
+    def act(self, obs: Any) -> list[int]:
+        return [0] * self.n
+
+    def decision_rule(self) -> tuple[str, tuple[float, ...]]:
+        return "static", ()
+
+
+def attainment_at_contract(scenario: Scenario, seed: int, horizon_s: float | None = None) -> dict[str, float]:
+    """Each contracted tenant's in-contract attainment when every tenant with a contract sends exactly it
+    (`at_contract`, over ``horizon_s`` or the scenario's horizon) and every limit stays at the scenario's
+    initial cap, on ``seed`` (one episode). Every promise kept says that some static caps keep them all at
+    contract (these ones): a sufficient test of the contracts' feasibility."""
+    from admit.envs.compiled import make_simulation  # the world: only when asked
+
+    at = at_contract(scenario, horizon_s)
+    controller = _Initial()
+    controller.reset(at.control_spec())
+    sim = make_simulation(at, seed)
+    sim.run(controller)
+    per, _ = episode_contracts(at, sim.request_columns(), getattr(sim, "warmup_s", 0.0))
+    return {name: figs["contract_attainment"] for name, figs in per.items()}
+
+
+def kept_at_contract(scenario: Scenario, seed: int, horizon_s: float | None = None) -> tuple[int, int]:
+    """(contracts kept, contracts) of `attainment_at_contract`'s episode."""
+    got = attainment_at_contract(scenario, seed, horizon_s)
+    promised = {t.name: t.contract.attainment for t in scenario.tenants if t.contract is not None}
+    return sum(got[name] + ATTAINMENT_EPS >= p for name, p in promised.items()), len(promised)

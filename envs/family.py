@@ -34,6 +34,7 @@ code: editing either changes them.
 
 from __future__ import annotations
 
+import copy
 import itertools
 import math
 import zlib
@@ -231,11 +232,19 @@ class ContractDraw(StrictModel):
 
 class ContractsPart(StrictModel):
     """A family's contracts: per SLO tier (``tiers``) or for every tenant (``all``; a tier's entry wins), then
-    all of an instance's contracts scaled down together where their loads exceed ``max_load``."""
+    all of an instance's contracts scaled down together where their loads exceed ``max_load``, then, where
+    the scenario's initial caps do not keep every contract at contract (envs/contracts.py
+    `attainment_at_contract`, on ``check_seeds`` episodes), every rate times ``scale_step`` until they do (at
+    most ``max_scalings`` times), then a promise still broken lowered to what it gets (`_contracted`): the loads
+    bound throughput, but one tenant's long prompts can delay another's first tokens past a promise the
+    engine's capacity allows."""
 
     max_load: float = Field(default=0.8, gt=0, le=1)
     all: ContractDraw | None = None
     tiers: dict[str, ContractDraw] = Field(default_factory=dict)
+    check_seeds: int = Field(default=2, ge=0, le=10, description="episodes of the feasibility check (0: none)")
+    scale_step: float = Field(default=0.8, gt=0, lt=1)
+    max_scalings: int = Field(default=4, ge=0, le=100)
 
     def draw_for(self, tier: str) -> ContractDraw | None:
         return self.tiers.get(tier, self.all)
@@ -752,31 +761,78 @@ def sample_scenario_data(fam: Family, seed: int) -> dict[str, Any]:
         tenants.append({"name": name, **t, "slo": fam.slo_tiers[tier].given()})
         notes.append(f"{name} ({bname}, {tier}, {target:.2f})")
         drawn.append((tier, target * cap, cap))
-    contracts_note = ""
-    if fam.contracts is not None:
-        contracts_note = _draw_contracts(fam.contracts, rng, tenants, drawn)
-
     desc = (f"Instance {seed} of the {fam.name} family ({split} seeds {getattr(fam.seeds, split)}), sampled by "
             f"envs/family.py: {n} tenants at {load:.3f}x the engine's estimated capacity (engine/capacity.py), "
             f"as tenant (block, SLO tier, utilisation): {', '.join(notes)}."
             + (f" Its ServeGen tenants start at {_clock(start_s)} of the table's 14 days."
-               if any(fam.blocks[b].servegen is not None for b in blocks) else "")
-            + contracts_note)
-    return {**fixed, "name": fam.instance_name(seed), "description": desc, "tenants": tenants}
+               if any(fam.blocks[b].servegen is not None for b in blocks) else ""))
+    data = {**fixed, "name": fam.instance_name(seed), "description": desc, "tenants": tenants}
+    if fam.contracts is not None:
+        data = _contracted(fam, seed, data, rng, drawn)
+    return data
 
 
 Pick = Callable[[ContractDraw], tuple[float, float]]  # a tenant's (rate fraction, burst seconds)
 
 
-def _draw_contracts(
-    part: ContractsPart, rng: np.random.Generator, tenants: list[dict[str, Any]],
-    drawn: list[tuple[str, float, float]],
-) -> str:
-    """Give ``tenants`` (in place) their contracts, drawn in tenant order from ``rng`` after everything else
-    (a family without contracts draws nothing more): per tenant whose tier has a draw, its rate fraction
-    then its burst seconds (`_give_contracts` does the rest). Returns the description's sentence."""
-    return _give_contracts(part, lambda d: (float(rng.uniform(*d.rate)), float(rng.uniform(*d.burst_s))),
-                           tenants, drawn, "drawn from")
+def _contracted(fam: Family, seed: int, data: dict[str, Any], rng: np.random.Generator,
+                drawn: list[tuple[str, float, float]]) -> dict[str, Any]:
+    """``data`` with its tenants' contracts: each tenant whose tier has a draw gets its rate fraction, then its
+    burst seconds, in tenant order after every other draw (`_give_contracts`); then made feasible at contract
+    (`ContractsPart`), on ``check_seeds`` episodes from ``seed`` with every tenant sending exactly its contract
+    at the scenario's initial caps: every rate times ``scale_step`` while a promise breaks, at most
+    ``max_scalings`` times; a promise still broken then is lowered to what the tenant's in-contract requests
+    get (the multiple of 0.05 below; withdrawn under 0.5): a long-context tenant's longest prompts can miss a
+    TTFT objective however little the others send. The draws are made once, so every scaling keeps them."""
+    from admit.envs.contracts import attainment_at_contract  # the simulated world: only for contracts
+
+    part = fam.contracts
+    assert part is not None
+    picks: list[tuple[float, float]] = []
+
+    def pick(d: ContractDraw) -> tuple[float, float]:
+        picks.append((float(rng.uniform(*d.rate)), float(rng.uniform(*d.burst_s))))
+        return picks[-1]
+
+    def broken(tenants: list[dict[str, Any]]) -> dict[str, float]:
+        """The contracted tenants whose promise breaks in a check episode, with their lowest attainment."""
+        sc = parse_scenario({**data, "tenants": tenants}, fam.instance_name(seed))
+        runs = [attainment_at_contract(sc, seed + j) for j in range(part.check_seeds)]
+        promised = {t["name"]: t["contract"]["attainment"] for t in tenants if "contract" in t}
+        low = {name: min(r[name] for r in runs) for name in promised}
+        return {name: a for name, a in low.items() if a + 1e-9 < promised[name]}
+
+    then = 1.0
+    for k in range(part.max_scalings + 1):
+        tenants = copy.deepcopy(data["tenants"])
+        replay = iter(list(picks))
+
+        def again(d: ContractDraw, it: Iterator[tuple[float, float]] = replay) -> tuple[float, float]:
+            return next(it)
+
+        note = _give_contracts(part, pick if k == 0 else again, tenants, drawn, "drawn from", then=then)
+        if part.check_seeds == 0 or not note:
+            return {**data, "tenants": tenants, "description": data["description"] + note}
+        miss = broken(tenants)
+        if not miss or k == part.max_scalings:
+            break
+        then *= part.scale_step
+    extra = []
+    if then < 1.0:
+        extra.append("the rates scaled so that the initial caps keep the promises when each tenant sends exactly "
+                     "its contract")
+    for t in tenants:
+        if t["name"] in miss:
+            lower = math.floor(miss[t["name"]] * 20 + 1e-9) / 20
+            if lower >= 0.5:
+                t["contract"]["attainment"] = lower
+            else:
+                t.pop("contract")
+            extra.append(f"{t['name']}'s promise {f'lowered to {lower:g}' if lower >= 0.5 else 'withdrawn'}, what "
+                         "its in-contract requests get then")
+    if extra:
+        note = note.rstrip(".") + f"; {'; '.join(extra)} (envs/family.py, {part.check_seeds} episodes)."
+    return {**data, "tenants": tenants, "description": data["description"] + note}
 
 
 def _give_contracts(
