@@ -935,7 +935,9 @@ CONTRACTS_TEXT = (
     "are good; a contract is met on a table when its mean in-contract attainment over the seeds reaches the "
     "promise. Tables with contracts are judged by the promises first and goodput second: a policy wins when its "
     "goodput is higher at p < 0.05 and it meets every contract the baseline meets; it loses when its goodput is "
-    "lower at p < 0.05 or it breaks a contract the baseline keeps."
+    "lower at p < 0.05 or it breaks a contract the baseline keeps. A contract the baseline breaks too decides "
+    "nothing, but where the policy's in-contract attainment is lower still (p < 0.05, the same paired test) the "
+    "why column says so (`broken by both, lower`)."
 )
 
 

@@ -41,8 +41,10 @@ only tie.
 
 Tenants without a contract were promised nothing and do not enter this verdict. A contract the baseline
 already misses cannot be broken; a policy that keeps it is told so in the reasons, which list the goodput
-change, every contract broken, every one missed without significance and every one kept that the baseline
-misses.
+change, every contract broken, every one missed without significance, every one both break where the policy's
+in-contract attainment is lower than the baseline's with p < 0.05 (the same paired test; it decides nothing,
+but a win or tie that sinks a promise already broken further is not hidden) and every one kept that the
+baseline misses.
 """
 
 from __future__ import annotations
@@ -139,10 +141,12 @@ def _gain(entry: dict, base: dict) -> tuple[str, bool, bool]:
 def contract_verdict(entry: dict, base: dict) -> Verdict:
     """``entry`` against ``base`` where the baseline's tenants have contracts: the module's rule with contracts.
     The reasons give the goodput change, then every contract broken (a loss), missed without significance (no
-    win) and kept where the baseline misses it."""
+    win), broken by both with the policy's in-contract attainment lower than the baseline's at p < 0.05 (no
+    loss, but said) and kept where the baseline misses it."""
     gain, goodput_up, goodput_down = _gain(entry, base)
     broken: list[str] = []
     missed: list[str] = []
+    lower: list[str] = []
     kept: list[str] = []
     for name, promise in promises(base).items():
         t, bt = entry["tenants"][name], base["tenants"][name]
@@ -157,9 +161,14 @@ def contract_verdict(entry: dict, base: dict) -> Verdict:
                 missed.append(change.replace("contract broken", "contract missed") + " (not significant)")
         elif meets(t) and not meets(bt):
             kept.append(f"{name}'s contract kept: in-contract attainment {a:.3f} ≥ {promise:g} (baseline {ba:.3f})")
+        elif not meets(t) and not meets(bt):  # no loss (the baseline breaks it too), but a worse one is said
+            pa = t["p_value_vs_first"]["contract_attainment"]
+            if a < ba and pa < ALPHA:
+                lower.append(f"{name}'s contract broken by both, lower: in-contract attainment {a:.3f} < baseline "
+                             f"{ba:.3f} (promise {promise:g}), p = {_p(pa)}")
     if goodput_down or broken:
-        return Verdict("loses", (gain, *broken, *missed, *kept))
-    return Verdict("wins" if goodput_up and not missed else "ties", (gain, *missed, *kept))
+        return Verdict("loses", (gain, *broken, *missed, *lower, *kept))
+    return Verdict("wins" if goodput_up and not missed else "ties", (gain, *missed, *lower, *kept))
 
 
 def verdict(entry: dict, base: dict) -> Verdict:

@@ -589,11 +589,29 @@ def test_contract_verdict_wins_ties_and_loses_by_the_promises_kept():
     # a baseline that misses the promise cannot have it broken; a policy that keeps it is told so
     data = _contract_eval({"base": (_seeds(5.0), _seeds(0.80), _seeds(0.8)),
                            "keeps": (_seeds(4.9), _seeds(0.95), _seeds(0.8)),
-                           "worse": (_seeds(5.2), _seeds(0.70), _seeds(0.8))})
+                           "worse": (_seeds(5.2), _seeds(0.70), _seeds(0.8)),
+                           "better": (_seeds(5.2), _seeds(0.85), _seeds(0.8)),
+                           "noisy": (_seeds(5.2), [0.70, 0.89] * 4, _seeds(0.8))})
     v = verdicts(data)
     assert v["keeps"] is not None and v["keeps"].outcome == "loses"  # less goodput, still
     assert v["keeps"].reasons[1] == "chat's contract kept: in-contract attainment 0.950 ≥ 0.9 (baseline 0.800)"
+    # broken by both: no loss, but a policy significantly lower than the baseline is told so
     assert v["worse"] is not None and v["worse"].outcome == "wins"
+    assert v["worse"].reasons == ("goodput +0.200 req/s, p = 0.008",
+                                  "chat's contract broken by both, lower: in-contract attainment 0.700 < baseline "
+                                  "0.800 (promise 0.9), p = 0.008")
+    # broken by both, the policy higher, or lower without significance: nothing said of the contract
+    for p in ("better", "noisy"):
+        vp = verdicts(data)[p]
+        assert vp is not None and vp.outcome == "wins" and vp.reasons == ("goodput +0.200 req/s, p = 0.008",), p
+    assert data["policies"]["noisy"]["tenants"]["chat"]["p_value_vs_first"]["contract_attainment"] >= 0.05
+    # a loss on goodput lists it after the goodput change, the verdict still the goodput's
+    data = _contract_eval({"base": (_seeds(5.0), _seeds(0.80), _seeds(0.8)),
+                           "both": (_seeds(4.8), _seeds(0.70), _seeds(0.8))})
+    vb = verdicts(data)["both"]
+    assert vb is not None and vb.outcome == "loses"
+    assert vb.reasons[0] == "goodput -0.200 req/s, p = 0.008" and vb.reasons[1].startswith(
+        "chat's contract broken by both, lower: in-contract attainment 0.700 < baseline 0.800")
     # exactly the promise is met
     data = _contract_eval({"base": (_seeds(5.0), [0.9] * 8, _seeds(0.8)), "x": (_seeds(5.5), [0.9] * 8, _seeds(0.8))})
     assert contracts_met(data["policies"]["x"]) == (1, 1) and str(verdicts(data)["x"]).startswith("wins")
