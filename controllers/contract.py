@@ -16,12 +16,18 @@ limits) at ``reset`` and the ``Observation`` each interval. Per decision, for ea
     with room for the spread (the requests in service of a Poisson stream are Poisson with mean m); at the
     contracted rate, not the observed one (``standby``), so an idle owner's limit already stands at its
     guarantee when its demand returns (a limit it does not use costs nothing; what is lent is the engine's
-    room, rule 4). ``S_i``, how long a request holds a slot, is Little's law on averages, ``EMA(in_flight) /
-    EMA(completions / window)`` (``smooth``), kept by an EMA that takes a lower reading at ``alpha``, a higher
-    one at ``alpha_up`` and none above the current one while the engine is saturated (contention inflates a
-    hold time, and an inflated guarantee inflates contention). ``b_i`` adapts to why the owner misses: over its
-    TPOT objective (``share_above`` past ``risk_frac`` of its allowance ``1 − attainment``: the decode step
-    its own requests share, so fewer of them in flight is faster) ×``boost_down`` down to ``boost_min``;
+    room, rule 4). ``S_i``, how long a request holds a slot, is taken at the decode step the contracts can
+    live with, not at the engine's current one: ``out_i · step_frac · T + prefill_s``, with ``out_i`` the
+    tenant's output tokens per completion (EMA) and ``T`` the tightest TPOT objective among the contracted
+    tenants; a hold time measured on a contended engine grows faster than its step (its requests also wait
+    longer to start), so a guarantee built on it asks for more slots, which contend more. Where no contracted
+    tenant has a TPOT objective, or before a completion has shown ``out_i``, ``S_i`` is measured: Little's
+    law on averages, ``EMA(in_flight) / EMA(completions / window)`` (``smooth``), kept by an EMA that takes a
+    lower reading at ``alpha``, a higher one at ``alpha_up`` and none above the current one while the engine
+    is saturated (contention inflates a hold time, and an inflated guarantee inflates contention).
+    ``b_i`` adapts to why the owner misses: over its TPOT objective (``share_above`` past ``risk_frac`` of
+    its allowance ``1 − attainment``: the decode step its own requests share, so fewer of them in flight is
+    faster) ×``boost_down`` down to ``boost_min``;
     waiting past ``own_frac`` × its TTFT objective in its own queue, or its queue not shrinking at its
     guarantee while it sends no more than 1.1 × its contract (then all of it is in contract) ×``boost_up``
     up to ``boost_max``; otherwise back toward 1 by ``boost_decay``.
@@ -92,7 +98,7 @@ class ContractController:
                  load_headroom: float = 1.5, patient_s: float = 10.0, patient_margin: float = 0.2,
                  lend_frac: float = 0.25, standby: bool = True, risk_frac: float = 0.5,
                  tpot_lend: float = 0.5, tpot_cut: float = 0.8, smooth: float = 0.2,
-                 mean_tokens: float = MEAN_TOKENS) -> None:
+                 step_frac: float = 0.6, prefill_s: float = 0.5, mean_tokens: float = MEAN_TOKENS) -> None:
         if guarantee not in GUARANTEES:
             raise ValueError(f"guarantee must be one of {', '.join(GUARANTEES)}, got {guarantee!r}")
         self.guarantee, self.headroom, self.z, self.alpha, self.alpha_up = guarantee, headroom, z, alpha, alpha_up
@@ -103,6 +109,7 @@ class ContractController:
         self.patient_s, self.patient_margin, self.lend_frac = patient_s, patient_margin, lend_frac
         self.standby, self.risk_frac = standby, risk_frac
         self.tpot_lend, self.tpot_cut, self.smooth = tpot_lend, tpot_cut, smooth
+        self.step_frac, self.prefill_s = step_frac, prefill_s
         self.gate = SaturationGateController()
 
     def reset(self, spec: ControlSpec, seed: int | None = None) -> None:
@@ -153,7 +160,9 @@ class ContractController:
             s = 0.0
             if t.completions > 0 and t.in_flight > 0:
                 s = self.busy[i] / self.done[i] if self.done[i] > 0 else 0.0
-                self.out_tokens[i] += self.alpha * (t.output_tokens_per_s * w / t.completions - self.out_tokens[i])
+                x = t.output_tokens_per_s * w / t.completions
+                self.out_tokens[i] = x if self.out_tokens[i] == 0 else self.out_tokens[i] + self.alpha * (
+                    x - self.out_tokens[i])  # the first reading as it is
             elif t.samples > 0 and t.e2e_p50 > 0:
                 s = t.e2e_p50
             if s > 0 and saturated:  # none at all before a reading off saturation
@@ -161,6 +170,13 @@ class ContractController:
             if s > 0:  # a lower envelope: down at once, up slowly (contention inflates a reading, never deflates)
                 a = self.alpha if s < self.hold[i] else self.alpha_up
                 self.hold[i] = s if self.hold[i] == 0 else self.hold[i] + a * (s - self.hold[i])
+
+    def hold_s(self, i: int) -> float:
+        """``S_i``: seconds a request of tenant i holds a slot, at the target decode step where that is known
+        (``out_i · step_frac · T + prefill_s``), else as measured (0: nothing read yet)."""
+        if math.isfinite(self.tight_tpot) and self.out_tokens[i] > 0:
+            return self.out_tokens[i] * self.step_frac * self.tight_tpot + self.prefill_s
+        return self.hold[i]
 
     def throughput_guarantee(self, i: int, t: TenantObservation, lam: float, own: bool, hold_up: bool,
                              now: float) -> int:
@@ -222,10 +238,10 @@ class ContractController:
                 gi = lim.min
             elif self.guarantee == "share":
                 gi = self.nominal[i] if own or self.standby else lim.min
-            elif self.hold[i] <= 0:
+            elif self.hold_s(i) <= 0:
                 gi = lim.min  # no hold time read yet
             else:
-                m = (rate if self.standby else lam) * self.hold[i]
+                m = (rate if self.standby else lam) * self.hold_s(i)
                 gi = math.ceil(self.boost[i] * (self.headroom * m + self.z * math.sqrt(m)))
             if self.guarantee == "little" and self.patient[i] and rate > 0:
                 gi = self.throughput_guarantee(i, t, lam, own, saturated or self.impatient_risk, obs.time_s)

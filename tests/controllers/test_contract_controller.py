@@ -94,6 +94,29 @@ def test_the_little_guarantee_is_the_in_contract_load_times_the_hold_time_with_h
     assert c.g[1] == LIMITS.min
 
 
+def test_with_a_tpot_objective_the_hold_time_is_taken_at_the_target_step_not_the_contended_one() -> None:
+    """A contended engine (a 90 ms step, requests held 30 s) does not inflate the guarantee: the hold time is
+    the tenant's output tokens at step_frac × the tightest TPOT objective, plus prefill_s; the same tenant
+    without a TPOT objective keeps the measured one. (Its TPOT, under the objective, leaves b_i at 1.)"""
+    wide = Limits(min=1, max=512, initial=25, max_step=4)
+    a = TenantSpec("a", contract=RPS, contract_load=0.4, slo_ttft_s=1.0, slo_tpot_s=0.1)
+    spec = ControlSpec(tenants=(a, tenant("b")), limits=wide, interval_s=2.0, window_s=4.0)
+    # 30 in flight, 4 completions in 4 s (a request holds 30 s), 300 output tokens each (300 tokens/s)
+    contended = [t(30, 30, 0, arrivals=16, completions=4, output_tokens_per_s=300.0, tpot_p50=0.09,
+                   tpot_p99=0.095, samples=4), t(1)]
+    c = controller(spec, headroom=1.25)
+    c.act(obs(contended))
+    hold = 300 * 0.6 * 0.1 + 0.5
+    assert c.hold_s(0) == pytest.approx(hold)
+    m = 2.0 * hold
+    assert c.g[0] == math.ceil(1.25 * m + 2.0 * math.sqrt(m))
+    no_tpot = ControlSpec(tenants=(tenant("a", 0.4), tenant("b")), limits=wide, interval_s=2.0, window_s=4.0)
+    measured = controller(no_tpot, headroom=1.25)  # no TPOT objective: Little's law on what it measured
+    measured.act(obs(contended))
+    assert measured.hold_s(0) == pytest.approx(30.0)
+    assert measured.g[0] == math.ceil(1.25 * 60.0 + 2.0 * math.sqrt(60.0)) > c.g[0]
+
+
 def test_a_patient_owners_guarantee_follows_its_good_completions() -> None:
     """Without a TTFT objective the guarantee grows by one while its good completions fall short of its
     in-contract rate and it uses its guarantee, at most once a window, and not while the engine is saturated."""
