@@ -62,21 +62,34 @@ def episode_lending(scenario: Scenario, cols: RequestColumns, times: np.ndarray,
     `episode_contracts`."""
     if not scenario.has_contracts:
         return {}, {}
+    inside, good = request_classes(scenario, cols) if classes is None else classes
+    span = scenario.horizon_s - warmup_s if span_s is None else span_s
+    return lending_figures(scenario, cols.tenant, inside, good, cols.arrival >= warmup_s,
+                           cols.in_flight(len(scenario.tenants), times), times, times >= warmup_s, span)
+
+
+def lending_figures(scenario: Scenario, tenant: np.ndarray, inside: np.ndarray, good: np.ndarray,
+                    counted: np.ndarray, in_flight: np.ndarray, times: np.ndarray, after: np.ndarray, span_s: float
+                    ) -> tuple[dict[str, dict[str, float]], dict[str, Any]]:
+    """`episode_lending`'s figures from per-request columns however they were found (the tenant's index, in
+    contract, good, counted) and the tenants' requests in flight at each decision (times × tenants, envs/
+    simulation.py ``in_flight_at``) with the decisions' ``times`` and which of them count (``after``);
+    ``excess_goodput`` is a rate over ``span_s``. The simulator reads both from its request columns; a live run
+    (admit.live.protocol) from the gateway's request log and its control loop's decisions, so both report by
+    this one arithmetic."""
+    if not scenario.has_contracts:
+        return {}, {}
     names = [t.name for t in scenario.tenants]
     n = len(names)
-    inside, good = request_classes(scenario, cols) if classes is None else classes
     contracted = np.array([t.contract is not None for t in scenario.tenants])
     # good and counted, and out of contract (a tenant without a contract: every good request)
-    excess = good & (cols.arrival >= warmup_s) & (~inside | ~contracted[cols.tenant])
-    span = scenario.horizon_s - warmup_s if span_s is None else span_s
-    n_excess = np.bincount(cols.tenant[excess], minlength=n)
+    excess = good & counted & (~inside | ~contracted[tenant])
+    n_excess = np.bincount(tenant[excess], minlength=n)
     nominal = nominal_concurrency(scenario.control_spec())
-    in_flight = cols.in_flight(n, times)
     borrowed, lent = lending(in_flight, nominal)
-    after = times >= warmup_s
     b_mean = borrowed[after].mean(axis=0) if after.any() else np.zeros(n)
     l_mean = lent[after].mean(axis=0) if after.any() else np.zeros(n)
-    per = {name: {"excess_goodput": float(n_excess[k]) / span, "borrowed": float(b_mean[k]),
+    per = {name: {"excess_goodput": float(n_excess[k]) / span_s, "borrowed": float(b_mean[k]),
                   "lent": float(l_mean[k])} for k, name in enumerate(names)}
     series: dict[str, Any] = {
         "time_s": times,

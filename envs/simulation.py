@@ -110,16 +110,7 @@ class RequestColumns:
         """Each tenant's requests in flight at each of ``times`` (increasing): admitted at or before the time
         and not finished by it (``dispatched <= t < finished``), the count its admission limit governs once the
         events at ``t`` and a decision taken then have been applied. An int64 array, times × tenants."""
-        m = len(times)
-        admitted = np.isfinite(self.dispatched)
-        base = self.tenant[admitted] * (m + 1)
-        # the first time that counts the request and the first that no longer does (m: none, never finished)
-        first = _first_at_or_after(times, self.dispatched[admitted])
-        done = self.finished[admitted]
-        last = _first_at_or_after(times, np.where(np.isnan(done), np.inf, done))
-        steps = np.bincount(base + first, minlength=n_tenants * (m + 1))
-        steps -= np.bincount(base + last, minlength=n_tenants * (m + 1))
-        return np.cumsum(steps.reshape(n_tenants, m + 1)[:, :m], axis=1).T.copy()
+        return in_flight_at(self.tenant, self.dispatched, self.finished, n_tenants, times)
 
     def good(self, bounds: Sequence[tuple[float, float, float]]) -> np.ndarray:
         """Per request, whether it finished within its tenant's per-request (ttft, tpot, e2e) ``bounds``: the
@@ -131,6 +122,24 @@ class RequestColumns:
         with np.errstate(invalid="ignore", divide="ignore"):
             tpot = np.where(self.output > 1, (e2e - ttft) / np.maximum(self.output - 1, 1), 0.0)
         return done & (ttft <= b[:, 0]) & (tpot <= b[:, 1]) & (e2e <= b[:, 2])
+
+
+def in_flight_at(tenant: np.ndarray, admitted_at: np.ndarray, finished_at: np.ndarray, n_tenants: int,
+                 times: np.ndarray) -> np.ndarray:
+    """Each tenant's requests in flight at each of ``times`` (increasing) from per-request columns: the tenant's
+    index, when it was admitted (not finite: never) and when it finished (NaN: never); a request counts at a time
+    when ``admitted_at <= t < finished_at``. An int64 array, times × tenants. `RequestColumns.in_flight` on a
+    simulated episode's requests; a live run's (admit.live.protocol) on the gateway's request log."""
+    m = len(times)
+    admitted = np.isfinite(admitted_at)
+    base = tenant[admitted] * (m + 1)
+    # the first time that counts the request and the first that no longer does (m: none, never finished)
+    first = _first_at_or_after(times, admitted_at[admitted])
+    done = finished_at[admitted]
+    last = _first_at_or_after(times, np.where(np.isnan(done), np.inf, done))
+    steps = np.bincount(base + first, minlength=n_tenants * (m + 1))
+    steps -= np.bincount(base + last, minlength=n_tenants * (m + 1))
+    return np.cumsum(steps.reshape(n_tenants, m + 1)[:, :m], axis=1).T.copy()
 
 
 def _first_at_or_after(times: np.ndarray, x: np.ndarray) -> np.ndarray:

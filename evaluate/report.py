@@ -169,7 +169,7 @@ def contract_tenant_table(data: dict) -> Table:
                 _p(te["p_value_vs_first"]["contract_attainment"], pi == 0) if promised else "—",
                 f"{te['contract']['attainment']:g}" if promised else "—",
                 ("yes" if meets(te) else "no") if promised else "—",
-                f"{te['excess_goodput']['mean']:.3f}" if "excess_goodput" in te else "—",  # a live run lacks them
+                f"{te['excess_goodput']['mean']:.3f}" if "excess_goodput" in te else "—",  # old protocol files lack it
                 f"{te['borrowed']['mean']:.1f} / {te['lent']['mean']:.1f}" if "borrowed" in te else "—",
                 f"{te['ttft_p99_s']['mean']:.2f}",
                 f"{1000 * te['tpot_p99_s']['mean']:.1f}",

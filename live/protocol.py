@@ -32,9 +32,11 @@ each policy's live and simulated figures side by side with the difference.
 Where the scenario's tenants have contracts (core/contract.py), each run's gateway classifies every request
 at its arrival on its tenant's contract (admit.live.sim2live.gateway_config passes them), and the run's
 contract figures are read from its request log (`live_contracts`: the gateway's classes, each request good by
-the simulator's test, envs/contracts.py's arithmetic); the twin gets them offline, the statistics summarise
-them with each tenant's contract, and the verdicts by the contracts are in the JSON (``verdicts``) as in the
-table. Without contracts none of this appears.
+the simulator's test, envs/contracts.py's arithmetic); so are every tenant's excess goodput and its mean
+concurrency borrowed beyond its nominal share and lent of it (`live_lending`: each request in flight from its
+admission to its end, at the control loop's decisions, by envs/contracts.py's ``lending_figures``); the twin gets
+them offline, the statistics summarise them with each tenant's contract, and the verdicts by the contracts are in
+the JSON (``verdicts``) as in the table. Without contracts none of this appears.
 
 ``calibration`` (an `admit calibrate` result of the backend) replaces the scenario's engine preset by its fit
 wherever a model of the engine is used: the policies are bound to the scenario on it, in this process (where
@@ -80,9 +82,16 @@ from admit.core.metrics_page import E2E, KV, PREEMPTIONS, RUNNING, WAITING
 from admit.core.slo import is_good, tpot
 from admit.engine.presets import overriding, preset_from_calibration
 from admit.engine.request import Request
-from admit.envs.contracts import contract_figures, contract_json, episode_contracts
+from admit.envs.contracts import (
+    contract_figures,
+    contract_json,
+    episode_contracts,
+    episode_lending,
+    lending_figures,
+    request_classes,
+)
 from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
-from admit.envs.simulation import Simulation, jain
+from admit.envs.simulation import Simulation, decision_times, in_flight_at, jain
 from admit.evaluate.offline import METRICS as ALL_METRICS
 from admit.evaluate.offline import TENANT_METRICS as ALL_TENANT_METRICS
 from admit.evaluate.offline import Episode, Evaluation, check_policies
@@ -168,9 +177,56 @@ def live_contracts(sc: Scenario, lines: list[dict[str, Any]]) -> tuple[dict[str,
     return contract_figures(sc, c.tenant, c.inside, c.good, c.prompt, c.output)
 
 
+def live_decisions(decision_log: list[dict[str, Any]], started_unix: float, duration_s: float, interval_s: float
+                   ) -> tuple[np.ndarray, np.ndarray]:
+    """(Unix times, seconds on the simulator's clock) of a live run's decisions within its load's ``duration_s``:
+    the control loop's (its decision log, admit.live.run.run_live's ``decision_log``: the first on the idle
+    gateway, the simulator's t = 0, then ``since_traffic_s`` from the first request), or, where the log has none,
+    one every ``interval_s`` from the load's start ``started_unix``."""
+    recs = [d for d in decision_log if "decision" in d]  # a fetch error is logged, but decides nothing
+    if recs:
+        times = np.array([float(d["time"]) for d in recs], dtype=np.float64)
+        clock = np.array([float(d.get("since_traffic_s", 0.0)) for d in recs], dtype=np.float64)
+    else:
+        clock = np.arange(0.0, duration_s, interval_s, dtype=np.float64)
+        times = started_unix + clock
+    keep = clock < duration_s
+    return times[keep], clock[keep]
+
+
+def live_lending(sc: Scenario, lines: list[dict[str, Any]], times: np.ndarray, after: np.ndarray,
+                 since_unix: float, span_s: float) -> dict[str, dict[str, float]]:
+    """A live run's per tenant ``excess_goodput``, ``borrowed`` and ``lent`` (envs/contracts.py's
+    ``lending_figures``, `episode_lending`'s arithmetic; empty without contracts) from the gateway's request log
+    ``lines`` (every line of the run: a request admitted in the warm-up is still in flight after it) at the
+    decisions' Unix ``times``, of which ``after`` count (`live_decisions`). A request is in flight from its
+    admission (its arrival plus its queue wait; a line without a queue wait was never admitted) to its end (its
+    arrival plus its e2e); it counts for the excess when it arrived at or after ``since_unix``, in contract as the
+    gateway classified it, good as `line_good` judges it; ``excess_goodput`` is a rate over ``span_s``."""
+    if not sc.has_contracts:
+        return {}
+    index = {t.name: k for k, t in enumerate(sc.tenants)}
+    rows = [r for r in lines if r["tenant"] in index and r.get("queue_wait_s") is not None]
+    bounds = [t.request_bounds for t in sc.control_spec().tenants]
+    arrival = np.array([float(r["arrival"]) for r in rows], dtype=np.float64)
+    tenant = np.array([index[r["tenant"]] for r in rows], dtype=np.int64)
+    admitted = arrival + np.array([float(r["queue_wait_s"]) for r in rows], dtype=np.float64)
+    end = arrival + np.array([np.nan if r.get("e2e_s") is None else float(r["e2e_s"]) for r in rows],
+                             dtype=np.float64)
+    per, _ = lending_figures(
+        sc, tenant,
+        inside=np.array([r.get("in_contract") is True for r in rows], dtype=bool),
+        good=np.array([line_good(r, bounds[index[r["tenant"]]]) for r in rows], dtype=bool),
+        counted=arrival >= since_unix,
+        in_flight=in_flight_at(tenant, admitted, end, len(sc.tenants), times),
+        times=times, after=after, span_s=span_s)
+    return per
+
+
 def live_episode(run: dict[str, Any]) -> Episode:
     """One live run (admit.live.run.run_live's record) as an Episode of `METRICS` and `TENANT_METRICS`, and
-    where the tenants have contracts their figures (``run["contracts"]``: `live_contracts`)."""
+    where the tenants have contracts their figures (``run["contracts"]``: `live_contracts`; ``run["lending"]``:
+    `live_lending`)."""
     tenants: dict[str, dict[str, float]] = {}
     for name, t in run["tenants"].items():
         sched = int(t["scheduled"])
@@ -192,6 +248,8 @@ def live_episode(run: dict[str, Any]) -> Episode:
     limits = [sum(t["limits"]) / len(t["limits"]) for t in run["tenants"].values() if t["limits"]]
     per, overall = run.get("contracts", ({}, {}))
     for name, f in per.items():
+        tenants[name].update(f)
+    for name, f in run.get("lending", {}).items():
         tenants[name].update(f)
     return {
         "goodput_rps": float(run["goodput_rps"]),
@@ -228,9 +286,14 @@ def sim_episode(sc: Scenario, requests: list[Request], policy: str, seed: int,
     ep["tenants"] = {n: {m: float(v) for m, v in t.items() if m in TENANT_METRICS}
                      for n, t in sim.tenant_summary().items()}
     if sc.has_contracts:  # the same figures as rollout's, counted after the same warm-up
-        per, overall = episode_contracts(sc, sim.request_columns(), warmup_s)
+        cols = sim.request_columns()
+        classes = request_classes(sc, cols)
+        per, overall = episode_contracts(sc, cols, warmup_s, classes)
+        lend, _ = episode_lending(sc, cols, decision_times(sc), warmup_s, classes=classes)
         ep.update(overall)
         for name, f in per.items():
+            ep["tenants"][name].update(f)
+        for name, f in lend.items():
             ep["tenants"][name].update(f)
     return ep
 
@@ -401,7 +464,11 @@ def _one_live(sc: Scenario, scenario: str, requests: list[Request], policy: str,
     work = Path(run.pop("workdir"))
     if sc.has_contracts:  # the gateway's request log from the load's start after the warm-up, as run_live reads it
         started = float(json.loads((work / "loadgen" / "summary.json").read_text())["stages"][0]["started_unix"])
-        run["contracts"] = live_contracts(sc, read_request_log(work / "requests.jsonl", started + warmup))
+        lines = read_request_log(work / "requests.jsonl", 0.0)  # a fresh gateway: every line is this run's
+        run["contracts"] = live_contracts(sc, [r for r in lines if r["arrival"] >= started + warmup])
+        times, clock = live_decisions(run["decision_log"], started, float(run["duration_s"]), sc.interval_s)
+        run["lending"] = live_lending(sc, lines, times, clock >= warmup, started + warmup,
+                                      float(run["duration_s"]) - warmup)
     return run
 
 
