@@ -190,7 +190,12 @@ def test_with_contracts_the_live_runs_measure_them_from_the_gateways_classes(tmp
                 n, g = t["contract_arrived"], t["contract_good"]
                 assert t["contract_attainment"] == pytest.approx(g / n if n else 1.0)
                 assert t["contract_met"] == float(t["contract_shortfall"] == 0)
+                # the lending figures, live from the gateway's request log as offline from the world's columns
+                assert t["borrowed"] >= 0.0 and t["lent"] >= 0.0 and t["excess_goodput"] >= 0.0, (key, side, t)
             assert ep["contracts_met"] == sum(t["contract_met"] for t in ep["tenants"].values())
+            # what is lent is borrowed: at each decision Σ lent = min(Σ borrowed, Σ idle share)
+            ts = ep["tenants"].values()
+            assert sum(t["lent"] for t in ts) <= sum(t["borrowed"] for t in ts) + 1e-9, (key, side)
         live, twin = rec["episode"]["tenants"], rec["simulated"]["tenants"]
         for name in CONTRACTS:  # the same requests, classified live on their send times: a lag moves few
             assert live[name]["contract_arrived"] > 0
