@@ -101,7 +101,9 @@ from admit.live.stack import Stack, wait_idle
 from rich.console import Console
 from rich.table import Table
 
-FORMAT = "admit-protocol/1"
+# 2: runs with contracts carry the lending figures (run["lending"]); a file of format 1 is not resumed, since its
+# runs lack them and the statistics summarise every run alike
+FORMAT = "admit-protocol/2"
 # What a live run measures of `admit evaluate`'s figures; the seed study's legacy ones are left out.
 METRICS = tuple(m for m in ALL_METRICS if m not in ("p99_s", "p50_s", "slo_attainment", "jain_fairness"))
 TENANT_METRICS = tuple(m for m in ALL_TENANT_METRICS if m != "output_tokens_per_s")

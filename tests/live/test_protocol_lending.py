@@ -4,12 +4,22 @@ control loop's decisions, and they reach the protocol's episodes and statistics 
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pytest
 from admit.core.contract import lending, nominal_concurrency
-from admit.live.protocol import live_decisions, live_episode, live_lending, statistics
+from admit.live.protocol import (
+    ProtocolError,
+    _identity,
+    _load_state,
+    live_decisions,
+    live_episode,
+    live_lending,
+    statistics,
+)
 from contract_helpers import AGENT, CHAT, with_contracts
 
 T0 = 1000.0  # the load's start, Unix seconds
@@ -91,3 +101,14 @@ def test_the_figures_reach_the_episode_and_the_statistics_by_the_offline_names()
         for name in ("chat", "agent"):
             entry = stats["policies"][p]["tenants"][name]
             assert all(entry[m]["mean"] == lend[name][m] for m in ("excess_goodput", "borrowed", "lent"))
+
+
+def test_a_protocol_file_written_before_the_lending_figures_is_not_resumed(tmp_path: Path) -> None:
+    """Its runs lack the lending figures the statistics would summarise: resuming it is refused, naming why."""
+    ident = _identity("h200-live-small", ["static:contract"], 60.0, 0, None)
+    out = tmp_path / "protocol.json"
+    out.write_text(json.dumps({"protocol": {**ident, "format": "admit-protocol/1"}, "runs": {"0/static": {}}}))
+    with pytest.raises(ProtocolError, match=r"format 'admit-protocol/1' \(asked: 'admit-protocol/2'\)"):
+        _load_state(out, ident)
+    out.write_text(json.dumps({"protocol": ident, "runs": {"0/static": {}}}))
+    assert _load_state(out, ident) == {"0/static": {}}
