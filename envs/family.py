@@ -47,6 +47,7 @@ from typing import Any, Literal
 import numpy as np
 import yaml
 from admit.core.config import error_lines
+from admit.core.contract import ATTAINMENT_EPS
 from admit.core.schema import StrictModel
 from admit.core.slo import SLO
 from admit.core.workload import MMPP, Constant, Diurnal, Gamma, LognormalSize, Poisson, Ramp
@@ -800,7 +801,7 @@ def _contracted(fam: Family, seed: int, data: dict[str, Any], rng: np.random.Gen
         runs = [attainment_at_contract(sc, seed + j) for j in range(part.check_seeds)]
         promised = {t["name"]: t["contract"]["attainment"] for t in tenants if "contract" in t}
         low = {name: min(r[name] for r in runs) for name in promised}
-        return {name: a for name, a in low.items() if a + 1e-9 < promised[name]}
+        return {name: a for name, a in low.items() if a + ATTAINMENT_EPS < promised[name]}
 
     then = 1.0
     for k in range(part.max_scalings + 1):
@@ -823,7 +824,7 @@ def _contracted(fam: Family, seed: int, data: dict[str, Any], rng: np.random.Gen
                      "its contract")
     for t in tenants:
         if t["name"] in miss:
-            lower = math.floor(miss[t["name"]] * 20 + 1e-9) / 20
+            lower = math.floor(miss[t["name"]] * 20 + ATTAINMENT_EPS) / 20
             if lower >= 0.5:
                 t["contract"]["attainment"] = lower
             else:
