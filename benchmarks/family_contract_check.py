@@ -8,11 +8,20 @@ mean reset time (the instance's draw and check included), the mean episode time 
 of the env alone (no policy, no update: a training run pays this share, see docs/BENCHMARKS.md).
 
     python benchmarks/family_contract_check.py --episodes 16
+
+``--report`` prints instead what the check did to the instances (docs/scenarios.md's figures): per family, over
+its first 200 train instances, how many had their rates scaled (and by how much) and how many promises were
+lowered or withdrawn; and for the five test instances of each, the scaling, the promises lowered and how many
+(seed × tenant) promises the initial caps keep at contract on five seeds the check never ran (900000–900004).
+
+    python benchmarks/family_contract_check.py --report
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
+import re
 import time
 
 import numpy as np
@@ -25,10 +34,44 @@ FAMILIES = ("h200-mix", "h200-shift", "h200-drift")
 REWARD = {"throughput": 0, "goodput": 1, "slo_violation": 0, "drop": 0, "contract_miss": 4}
 
 
+SCALED = re.compile(r"then all by ([0-9.]+)")
+
+
+def report() -> None:
+    """What the check did to the instances (module docstring)."""
+    from admit.envs.contracts import kept_at_contract
+    from admit.envs.scenario import load_scenario
+
+    for name in FAMILIES:
+        fam = family.load_family(name)
+        by: collections.Counter[str] = collections.Counter()
+        lowered = withdrawn = 0
+        for seed in range(fam.seeds.train.first, fam.seeds.train.first + 200):
+            desc = family.sample_scenario_data(fam, seed)["description"]
+            m = SCALED.search(desc)
+            by[m.group(1) if m else "1"] += 1
+            lowered += desc.count("promise lowered")
+            withdrawn += desc.count("promise withdrawn")
+        print(f"{name}, 200 train instances: scaled {200 - by['1']} ({dict(sorted(by.items()))}), "
+              f"{lowered} promises lowered, {withdrawn} withdrawn")
+    for name in FAMILIES:
+        for inst in family.instances(name, "test", 5):
+            sc = load_scenario(inst)
+            m = SCALED.search(sc.description)
+            low = re.findall(r"(\S+)'s promise (lowered to [0-9.]+|withdrawn)", sc.description)
+            kept = [kept_at_contract(sc, s) for s in range(900000, 900005)]
+            print(f"{inst}: rates x{m.group(1) if m else 1}, lowered {low or '-'}, kept at contract "
+                  f"{sum(k for k, _ in kept)}/{sum(n for _, n in kept)}")
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--episodes", type=int, default=16, help="episodes per side")
+    ap.add_argument("--report", action="store_true", help="what the check did to the instances instead")
     args = ap.parse_args()
+    if args.report:
+        report()
+        return
     shipped = family.load_family
 
     def unchecked(name: str) -> family.Family:
