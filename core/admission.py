@@ -163,6 +163,17 @@ class AdmissionCore:
                 return payload, now - enq
         return None
 
+    def take(self, tenant: int) -> tuple[Any, float] | None:
+        """Dispatch the tenant's next queued item on a slot granted outside this core (a backend that keeps the
+        slots elsewhere and uses the core for its queues only, with a limit of 0: gateway/redis/admission.py):
+        ``(payload, waited_s)`` of the oldest in-contract item within its deadline, else of the oldest such
+        excess one, or None. Counted as admitted, not in flight (the slot is not this core's)."""
+        s = self._t[tenant]
+        got = self._dispatch_one(tenant, s, self._clock())
+        if got is not None:
+            s.in_flight -= 1
+        return got
+
     def set_limit(self, tenant: int, limit: int) -> list[tuple[Any, float]]:
         """Change a tenant's limit; returns the queued items dispatched because of a raise."""
         if limit < 0:

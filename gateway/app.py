@@ -73,6 +73,7 @@ from admit.gateway.upstream import BackendBroken, BackendTimeout, NoBackend, Res
 
 if TYPE_CHECKING:
     from admit.gateway.redis.admission import RedisAdmission
+    from admit.gateway.redis.contracts import SharedContracts
     from admit.gateway.redis.envelopes import SharedEnvelopeBook
 
 log = logging.getLogger("admit.gateway")
@@ -111,6 +112,7 @@ class Record:
     logged: bool = False  # its metrics, telemetry and request-log line are written (once, before the last byte)
     in_contract: bool | None = None  # classified at arrival where the tenant has a contract (core/contract.py)
     contract_at: float | None = None  # the Unix time its contract meter saw it: once its body was read
+    contract_seq: int | None = None  # with Redis, the shared envelope's number of its classification
 
     def overhead_s(self) -> float | None:
         """The gateway's own time in the request's TTFT: reading and parsing it, charging its envelopes,
@@ -138,6 +140,7 @@ class Record:
             "step_id": self.step_id,
             "in_contract": self.in_contract,
             "contract_at": self.contract_at,
+            "contract_seq": self.contract_seq,
         }
 
 
@@ -166,6 +169,7 @@ class Gateway:
         self.book = EnvelopeBook(on_alert=self._on_alert)
         self.shared_book: SharedEnvelopeBook | None = None
         self.shared_admission: RedisAdmission | None = None  # the admission backend, when it is Redis
+        self.shared_contracts: SharedContracts | None = None  # with Redis: the contract envelopes, one for all
         if cfg.redis is not None:  # the envelopes' budget is one for all replicas, kept in Redis
             from admit.gateway.redis.envelopes import SharedEnvelopeBook
 
@@ -220,6 +224,12 @@ class Gateway:
             await shared.start()
             assert self.shared_book is not None
             await self.shared_book.attach(shared)
+            if any(c is not None for c in self.contracts):
+                from admit.gateway.redis.contracts import SharedContracts
+
+                contracts = [t.contract for t in self.cfg.tenants]
+                self.shared_contracts = SharedContracts(self.cfg.redis, self.names, contracts)
+                await self.shared_contracts.attach(shared)
             self.metrics.registry.register(RedisCollector(shared))
             self._admission = self.shared_admission = shared
         if self._admission is None:
@@ -462,12 +472,11 @@ class Gateway:
         rec.n_tenant = tenant
         self.telemetry.arrival(tenant)
         meter = self.contracts[tenant]
-        if meter is not None:
+        if meter is not None and self.cfg.redis is None:  # with Redis: the shared envelope's, in _serve
             # on the time it is classified, which the log keeps (contract_at): requests read concurrently reach
             # this line in another order than they arrived, and the meter must see its times in its own order
-            asked = info.cost_tokens(self.context_tokens, self.cfg.default_output_tokens) - info.prompt_tokens
             rec.contract_at = round(time.time(), 6)
-            rec.in_contract = meter.arrive(rec.contract_at, info.prompt_tokens, asked)
+            rec.in_contract = meter.arrive(rec.contract_at, info.prompt_tokens, self._asked(info))
             self.metrics.contract_requests.inc(rec.tenant, "in" if rec.in_contract else "excess")
         self.waiting_admission[id(rec)] = rec
         # the request runs in this (the server's) task; a watcher cancels it if the client goes away, which
@@ -497,11 +506,21 @@ class Gateway:
             self.admitted.pop(id(rec), None)
             self._finish(rec, rec.status, rec.outcome)
 
+    def _asked(self, info: RequestInfo) -> int:
+        """The output tokens a request asks for, as its contract counts them (core/contract.py's cost)."""
+        return info.cost_tokens(self.context_tokens, self.cfg.default_output_tokens) - info.prompt_tokens
+
     async def _serve(self, scope: Scope, send: Send, tenant: int, info: RequestInfo, raw: bytes, rec: Record) -> None:
         name = self.names[tenant]
         charge: Charge | None = None
         cost = info.cost_tokens(self.context_tokens, self.cfg.default_output_tokens)
         try:
+            if self.shared_contracts is not None and self.contracts[tenant] is not None:
+                # on the shared envelope (one Redis script, on Redis's clock; gateway/redis/contracts.py), or the
+                # failure mode's answer: 503 when closed, this replica's mirror when open
+                got_class = await self.shared_contracts.classify(tenant, info.prompt_tokens, self._asked(info))
+                rec.in_contract, rec.contract_at, rec.contract_seq = got_class.in_contract, got_class.at, got_class.seq
+                self.metrics.contract_requests.inc(name, "in" if rec.in_contract else "excess")
             lease: Lease | None = None
             asked = False
             if self.shared_book is None:
@@ -512,13 +531,12 @@ class Gateway:
                 why = f"rate envelope '{got.target}' has no {got.unit} left"
                 raise Deferred(ENVELOPE_EMPTY, got.retry_after_s, why)
             charge = got
+            first = rec.in_contract is not False  # the in-contract queue, ahead of the tenant's excess
             if asked:  # that script found no free slot: wait in the queue without asking Redis again
                 assert self.shared_admission is not None
-                lease = await self.shared_admission.acquire(tenant, asked=True)
-            elif lease is None:  # with contracts the backend is in process (the config refuses them with Redis)
-                adm = self.admission
-                lease = await (adm.acquire(tenant, rec.in_contract is not False) if isinstance(adm, LocalAdmission)
-                               else adm.acquire(tenant))
+                lease = await self.shared_admission.acquire(tenant, asked=True, in_contract=first)
+            elif lease is None:
+                lease = await self.admission.acquire(tenant, in_contract=first)
         except Deferred as d:
             if charge is not None:
                 self.book.refund(charge, self.clock())
@@ -767,9 +785,12 @@ class Gateway:
     def lending(self) -> tuple[list[float], list[float]]:
         """Per tenant, the concurrency it borrows beyond its contract's nominal share and the part of its idle
         share that borrowers use (core/contract.py's ``nominal_concurrency`` of this configuration's ControlSpec
-        and ``lending`` on the tenants' requests in flight now): what /metrics shows."""
+        and ``lending`` on the tenants' requests in flight now): what /metrics shows. With Redis the limits are
+        all replicas' together, and so are the requests in flight (the shared leases as last read): every
+        replica shows the same gauges."""
         snap = self.admission.snapshot()["tenants"]
-        borrowed, lent = lending([snap[n]["in_flight"] for n in self.names],
+        key = "in_flight" if self.shared_admission is None else "shared_in_flight"
+        borrowed, lent = lending([snap[n][key] for n in self.names],
                                  nominal_concurrency(gateway_spec(self.cfg)))
         return borrowed.tolist(), lent.tolist()
 

@@ -169,7 +169,8 @@ class TenantConfig(StrictModel):
     envelopes: tuple[EnvelopeConfig, ...] = ()
     slo: SLO = SLO()  # objectives the Observation carries (none = NO_SLO)
     # the load the tenant is promised service for (core/contract.py): each request is classified in or out of
-    # contract at its arrival, as the simulator classifies it
+    # contract at its arrival, as the simulator classifies it; with redis on one envelope for all replicas
+    # (gateway/redis/contracts.py)
     contract: Contract | None = None
 
     @model_validator(mode="before")
@@ -359,9 +360,6 @@ class GatewayConfig(StrictModel):
             raise ValueError("borrow needs a global 'capacity' to borrow from")
         if self.redis is not None and self.capacity is not None:
             raise ValueError("capacity (work-conserving sharing) is in-process only; it cannot be used with redis")
-        if self.redis is not None and any(t.contract is not None for t in self.tenants):
-            raise ValueError("contracts are classified in-process (one envelope per tenant in this gateway); with "
-                             "redis each replica would count its own share, so give contracts without redis")
         if self.redis is not None and self.state_file is not None:
             raise ValueError("state_file is for an in-process gateway; with redis the run-time state lives in Redis")
         return self

@@ -28,11 +28,15 @@ good value, and the refusal is counted (``bad_values`` in /admin/state's redis s
 ``admit_gateway_redis_bad_values_total{kind}``) and logged once per (key, value). ACQUIRE never uses such a
 limit either: it uses the replica's last good one, which it passes anyway as the seed, and says so.
 
-**Queueing** is per replica: each replica keeps the tenant's FIFO queue (``max_queue``, ``queue_timeout_s``)
-for its own clients, and the head of that queue retries when a slot of this replica frees, when a limit
-changes, and every ``poll_s`` (a slot freed by another replica). Fairness across replicas is therefore
-approximate: whichever replica's head asks first after a slot frees gets it, and a tenant may have up to
-``replicas x max_queue`` requests queued. The limit itself is exact.
+**Queueing** is per replica: each replica keeps the tenant's queues (``max_queue``, ``queue_timeout_s``) for
+its own clients, in the in-process gateway's core (core/admission.py ``AdmissionCore``, its slots left to
+Redis): two FIFO queues, the tenant's in-contract requests and its excess (``acquire(..., in_contract=)``,
+gateway/redis/contracts.py classifies them), and a slot goes to the oldest in-contract request, to the oldest
+excess one only when no in-contract one waits here. The next in line retries when a slot of this replica
+frees, when a limit changes, and every ``poll_s`` (a slot freed by another replica). Fairness across
+replicas is therefore approximate: whichever replica's head asks first after a slot frees gets it (a
+replica's in-contract request goes before that replica's excess, not before another replica's), and a
+tenant may have up to ``replicas x max_queue`` requests queued. The limit itself is exact.
 
 **When Redis is unreachable** (a command fails or times out after ``timeout_s``) the backend marks the
 state *down*, counts it, and probes every ``poll_s`` until a PING answers:
@@ -77,12 +81,12 @@ import logging
 import os
 import time
 import uuid
-from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 import redis.asyncio as aioredis
+from admit.core.admission import AdmissionCore, Offer, QueueConfig
 from admit.gateway.admission import ADMISSION_UNAVAILABLE, Change, Deferred, Lease, TenantSlots, WriteFailed, Written
 from admit.gateway.config import LIMIT_MAX, VERSION_MAX, RedisConfig, TenantConfig, parse_count
 from admit.gateway.redis.scripts import ACQUIRE, READ, RELEASE, RENEW, WRITE_LIMITS
@@ -153,14 +157,6 @@ class RedisStats:
     fail_closed_deferred: list[int] = field(default_factory=list)  # per tenant
 
 
-class _Waiter:
-    __slots__ = ("fut", "since")
-
-    def __init__(self, fut: asyncio.Future[RedisLease], since: float) -> None:
-        self.fut = fut
-        self.since = since
-
-
 class Attached(Protocol):
     """Other shared state riding on this backend's connection and up/down state (the rate envelopes)."""
 
@@ -182,7 +178,9 @@ class RedisAdmission(TenantSlots):
         self.admitted = [0] * self.n_tenants
         self.local = [0] * self.n_tenants  # leases this replica holds (shared or open)
         self.shared = [0] * self.n_tenants  # leases all replicas hold, as last read from Redis
-        self.queues: list[deque[_Waiter]] = [deque() for _ in tenants]
+        # the queues only (module docstring): limit 0, so the core never admits; Redis grants the slots
+        self.core = AdmissionCore([QueueConfig(limit=0, max_queue=t.max_queue, queue_timeout_s=t.queue_timeout_s)
+                                   for t in tenants], time.monotonic)
         self.live: dict[str, int] = {}  # lease id -> tenant, every lease of this replica not yet released
         self.pending_release: list[tuple[int, str]] = []
         self.dirty_limits: set[int] = set()
@@ -318,42 +316,37 @@ class RedisAdmission(TenantSlots):
         return self._fallback(t, fresh)
 
     # ----------------------------------------------------------------- leases
-    async def acquire(self, tenant: int, asked: bool = False) -> Lease:
-        """A lease for ``tenant``: at once if a slot is free and nobody is queued here, else from the queue.
+    async def acquire(self, tenant: int, asked: bool = False, in_contract: bool = True) -> Lease:
+        """A lease for ``tenant``: at once if a slot is free and nobody is queued here, else from its queue
+        (``in_contract``: the in-contract one, served first; else the excess one).
 
         ``asked``: the caller has just tried for a slot itself and found none (the envelope charge and the
         lease in one script, gateway/redis/envelopes.py ``charge_and_acquire``), so the request goes straight
         to the queue, as after a failed first try here, without asking Redis a second time.
         """
-        if not asked and not self.queues[tenant]:
+        if not asked and not self.core.queue_depth(tenant):
             lease = await self._try(tenant, fresh=True)
             if lease is not None:
                 return lease
-        q = self.queues[tenant]
-        if len(q) >= self.max_queue[tenant]:
+        fut: asyncio.Future[RedisLease] = self._loop.create_future()
+        if self.core.offer(tenant, fut, in_contract) is Offer.REJECTED:
             raise self._full(tenant)
-        w = _Waiter(self._loop.create_future(), time.monotonic())
-        q.append(w)
         self._kick[tenant].set()
         try:
-            done, _ = await asyncio.wait((w.fut,), timeout=self.ttl[tenant])
+            done, _ = await asyncio.wait((fut,), timeout=self.ttl[tenant])
         except asyncio.CancelledError:
-            if w.fut.done() and not w.fut.cancelled() and w.fut.exception() is None:
-                self.release(w.fut.result())  # a slot arrived just as the client left: give it back
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.release(fut.result())  # a slot arrived just as the client left: give it back
             else:
-                w.fut.cancel()
+                fut.cancel()
                 self.cancelled[tenant] += 1
-            with contextlib.suppress(ValueError):
-                q.remove(w)
+            self.core.cancel(tenant, fut)
             raise
         if not done:
-            w.fut.cancel()
-            with contextlib.suppress(ValueError):
-                q.remove(w)
+            fut.cancel()
+            self.core.cancel(tenant, fut)
             raise self._expired(tenant)
-        lease = w.fut.result()
-        lease.waited_s = time.monotonic() - w.since  # the request record's clock (gateway/local_admission.py)
-        return lease
+        return fut.result()  # its waited_s is the core's (the request record's clock, time.monotonic)
 
     async def _try(self, t: int, fresh: bool = False) -> RedisLease | None:
         """One attempt at a slot: a shared lease, or the fallback of the failure mode while Redis is down."""
@@ -454,37 +447,43 @@ class RedisAdmission(TenantSlots):
 
     # ----------------------------------------------------------------- queue pump
     async def _pump(self, t: int) -> None:
-        """Hand slots to this replica's queued requests of tenant ``t``, head first."""
-        q, kick = self.queues[t], self._kick[t]
+        """Hand slots to this replica's queued requests of tenant ``t``: the next in line of the core (the
+        oldest in-contract one, else the oldest excess one) when the slot is granted, so an in-contract
+        request that arrived while Redis was asked goes first."""
+        core, kick = self.core, self._kick[t]
         while True:
-            if not q:
+            if not core.queue_depth(t):
                 await kick.wait()
             else:
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(kick.wait(), self.cfg.poll_s)
             kick.clear()
-            while q:
-                w = q[0]
-                if w.fut.done():
-                    q.popleft()
-                    continue
+            while core.queue_depth(t):
                 try:
                     lease = await self._try(t)
-                except AdmissionError as err:  # this head's answer (closed); the next one tries for itself
-                    if q and q[0] is w:
-                        q.popleft()
-                    if not w.fut.done():
-                        w.fut.set_exception(err)
+                except AdmissionError as err:  # the next in line's answer (closed); the others try for themselves
+                    got = core.take(t)
+                    if got is not None and not got[0].done():
+                        got[0].set_exception(err)
                     continue
                 except Deferred:
                     break
                 if lease is None:
                     break
-                if q and q[0] is w and not w.fut.done():
-                    q.popleft()
-                    w.fut.set_result(lease)
-                else:  # the head left while we asked: the slot goes to the next one, or back
-                    self.release(lease)
+                self._hand(t, lease)
+            for i, fut, _ in core.expire():  # found late by take(): answered as their own timeouts would
+                if not fut.done():
+                    fut.set_exception(self._expired(i))
+
+    def _hand(self, t: int, lease: RedisLease) -> None:
+        """Give a granted slot to the next in line still waiting, or back when nobody waits any more."""
+        while (got := self.core.take(t)) is not None:
+            fut, waited = got
+            if not fut.done():
+                lease.waited_s = waited
+                fut.set_result(lease)
+                return
+        self.release(lease)
 
     # ----------------------------------------------------------------- limits
     def set_limit(self, tenant: int, limit: int) -> int:
@@ -668,13 +667,13 @@ class RedisAdmission(TenantSlots):
 
     # ----------------------------------------------------------------- state
     def _queue_len(self, tenant: int) -> int:
-        return len(self.queues[tenant])
+        return self.core.queue_depth(tenant)
 
     def in_flight(self, tenant: int) -> int:
         return self.local[tenant]
 
     def queue_depth(self, tenant: int) -> int:
-        return sum(1 for w in self.queues[tenant] if not w.fut.done())
+        return self.core.queue_depth(tenant)
 
     def snapshot(self) -> dict[str, Any]:
         tenants = {}

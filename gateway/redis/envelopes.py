@@ -388,7 +388,7 @@ class SharedEnvelopeBook(EnvelopeBook):
         assert adm is not None, "attach() first"
         tenant = adm.names[t]
         envs = self._matching(tenant, target)
-        if not envs or not adm.up or adm.queues[t]:
+        if not envs or not adm.up or adm.queue_depth(t):
             return await self._charge(envs, tenant, target, tokens), None, False
         spend = self._spend(envs, tokens)
         lid = adm.reserve(t)

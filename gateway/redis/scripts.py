@@ -35,6 +35,14 @@ SET_ENVELOPE). Numbers come back as strings: Redis truncates Lua numbers to inte
 two in one script (one round trip, the gateway's fast path): the charge first, the lease only if the charge
 was granted. It is built from the same Lua functions as ``GCRA`` and ``ACQUIRE`` (``_GCRA_FN``,
 ``_ACQUIRE_FN``), so each algorithm is written once.
+
+**Contracts** (gateway/redis/contracts.py). A tenant's contract envelope is one hash per tenant (``tat``, the
+last classified time ``at``, a sequence number ``seq``) and ``CONTRACT`` classifies one arrival on it: core/
+gcra.py's ``Gcra.spend`` line for line (``_CONTRACT_FN``), but in *seconds*, not microseconds, on doubles
+written with 17 significant digits, so that Lua's IEEE arithmetic makes exactly the decisions core/
+contract.py's ``classify`` makes on the same times (tested decision by decision): a contract's class is
+replayed offline from the request log, which the rate envelopes' buckets never are. The time is the server's
+``TIME`` in seconds, never earlier than the tenant's last classified one.
 """
 
 from __future__ import annotations
@@ -359,4 +367,64 @@ for i = 1, 2 do
   end
 end
 return {1, old, fmt(version), fmt(tv), bad}
+"""
+
+# contract(key, mode, rate, burst, qty, now s) for one tenant's contract envelope, a hash {tat, at, seq}: core/
+# gcra.py's spend in seconds, operation for operation (T = 1 / rate; tau = max(T * burst, qty * T); wait =
+# max(tat - now, 0) + qty * T - tau; in contract iff wait <= 0, and then tat = max(tat, now) + qty / rate), so
+# the decisions are core/contract.py's classify()'s on the same times (doubles stored with %.17g read back
+# exactly). A missing tat is a full envelope (core's meter starts full at the first arrival, and a bucket whose
+# tat is past decides as a full one), as is one that is not a finite number. ``now`` is never earlier than the
+# tenant's last classified time (a server clock stepped back), so the times the log records are in
+# classification order; ``seq`` numbers the classifications (ties of the clock's microsecond). "read" decides
+# and writes nothing. The hash lives a day beyond the envelope's refill, so seq runs on across idle spells.
+# Returns {in contract 0|1, the time classified (s), seq, seconds tat is ahead of that time (>= 0)}.
+_CONTRACT_FN = """
+local function f17(x)
+  return string.format('%.17g', x)
+end
+local function contract(key, mode, rate, burst, qty, now)
+  local st = redis.call('HMGET', key, 'tat', 'at', 'seq')
+  local tat, at, seq = tonumber(st[1]), tonumber(st[2]), tonumber(st[3])
+  if at and at == at and math.abs(at) ~= math.huge and at > now then
+    now = at
+  end
+  if not tat or tat ~= tat or math.abs(tat) == math.huge then
+    tat = now
+  end
+  if not seq or seq ~= seq or seq < 0 or seq > 1e15 then
+    seq = 0
+  end
+  if mode == 'read' then
+    return {0, f17(now), string.format('%d', seq), f17(math.max(tat - now, 0))}
+  end
+  local t = 1.0 / rate
+  local tau = math.max(t * burst, qty * t)
+  local wait = math.max(tat - now, 0.0) + qty * t - tau
+  local allowed = 0
+  if wait <= 0 then
+    allowed = 1
+    tat = math.max(tat, now) + qty / rate
+  end
+  seq = seq + 1
+  redis.call('HSET', key, 'tat', f17(tat), 'at', f17(now), 'seq', string.format('%d', seq))
+  redis.call('PEXPIRE', key, math.ceil(math.max(tat - now, 0) * 1000) + 86400000)
+  return {allowed, f17(now), string.format('%d', seq), f17(math.max(tat - now, 0))}
+end
+"""
+
+# KEYS: one contract hash per tenant. ARGV: mode ("classify": one key; "read": any number), then per key its
+# contract's rate (units/s), burst (core's ceil, >= 1) and the request's cost (1, or its prompt + asked-for
+# tokens; ignored by "read"). Time: the server's TIME in seconds (module docstring). Returns per key
+# contract()'s answer.
+CONTRACT = """
+local t = redis.call('TIME')
+local now_s = tonumber(t[1]) + tonumber(t[2]) / 1e6
+""" + _CONTRACT_FN + """
+local out = {}
+for i = 1, #KEYS do
+  out[i] = contract(KEYS[i], ARGV[1], tonumber(ARGV[3 * i - 1]), tonumber(ARGV[3 * i]), tonumber(ARGV[3 * i + 1]),
+                    now_s)
+end
+return out
 """

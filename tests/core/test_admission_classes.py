@@ -200,3 +200,22 @@ def test_the_core_is_a_two_class_fifo_for_any_operation_sequence(seq):
         for i in range(2):
             assert core.in_flight(i) == in_flight[i]
             assert core.queue_depth(i) == len(model[i][0]) + len(model[i][1])
+
+
+def test_take_hands_a_slot_granted_elsewhere_to_the_next_in_line():
+    """A backend that keeps the slots elsewhere (Redis) uses the core with limit 0 for its queues only: take()
+    gives the oldest in-contract item, else the oldest excess one, skips an expired one (handed out by the
+    next expire()), and counts nothing in flight."""
+    core, clock = make(limit=0, max_queue=3, timeout=10.0)
+    assert core.offer(0, "x1", in_contract=False) is Offer.QUEUED  # limit 0: never admitted here
+    clock.t = 1.0
+    assert core.offer(0, "x2", in_contract=False) is Offer.QUEUED
+    clock.t = 2.0
+    assert core.offer(0, "c1") is Offer.QUEUED
+    assert core.offer(0, "c2") is Offer.REJECTED  # one bound for both queues
+    clock.t = 10.5  # x1 is past its deadline (10.0)
+    assert core.take(0) == ("c1", 8.5)
+    assert core.take(0) == ("x2", 9.5)
+    assert core.take(0) is None
+    assert core.in_flight(0) == 0 and core.queue_depth(0) == 0
+    assert core.expire() == [(0, "x1", 10.5)]

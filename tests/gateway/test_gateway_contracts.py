@@ -82,11 +82,11 @@ def test_the_gateway_classifies_as_the_simulators_meter_does_on_the_same_arrival
         assert samples(metrics, "admit_gateway_contract_good_requests_total")[(("tenant", tenant),)] == sum(flags)
 
 
-def test_a_contract_is_refused_with_shared_state_and_a_malformed_one_names_its_fault() -> None:
+def test_a_contract_is_taken_with_shared_state_and_a_malformed_one_names_its_fault() -> None:
     base = {"tenants": [{"name": "chat", "api_keys": ["sk-chat-secret-key"], "contract": CHAT}]}
     assert parse_config(base).tenants[0].contract == Contract(**CHAT)
-    with pytest.raises(ConfigError, match="contracts are classified in-process"):
-        parse_config({**base, "redis": {"url": "redis://127.0.0.1:6379/0"}})
+    # with redis the contract is one envelope for all replicas (tests/gateway/test_gateway_redis_contracts.py)
+    assert parse_config({**base, "redis": {"url": "redis://127.0.0.1:6379/0"}}).tenants[0].contract == Contract(**CHAT)
     bad = {"tenants": [{"name": "chat", "api_keys": ["sk-chat-secret-key"],
                         "contract": {"requests_per_s": 1, "tokens_per_s": 5, "burst": 2, "attainment": 0.9}}]}
     with pytest.raises(ConfigError, match="exactly one of requests_per_s and tokens_per_s"):
