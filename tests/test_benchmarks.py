@@ -106,3 +106,25 @@ def test_rollout_cost_prices_an_episodes_contract_figures() -> None:
     assert "h200-live-small static: episode after/before median" in out
     figures = re.search(r"\((\d+) figures per tenant\), before [\d.]+ ms/episode \((\d+)\)", out)
     assert figures is not None and int(figures[1]) > int(figures[2])
+
+
+def test_learning_cost_late_oracle_is_the_operators_limits_then_the_tuned_caps() -> None:
+    """benchmarks/learning_cost.py: static:contract's caps reached after T seconds. Reached after the horizon, the
+    episode is plain `static`'s (the operator's limits throughout), seed by seed; reached after 30 s of the
+    2-minute episode, it differs from static:contract's and from static's; the table row carries RESULTS'
+    verdict."""
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        import learning_cost
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    sc = load_scenario("h200-live-small")
+    never = learning_cost.table("h200-live-small", [sc.horizon_s + 1, 30.0], 3, 1)
+    late, never_p = never["policies"][learning_cost.label(30.0)], never["policies"][
+        learning_cost.label(sc.horizon_s + 1)]
+    assert never_p["goodput_rps"]["values"] == [run_policy(sc, "static", s)["goodput_rps"] for s in range(3)]
+    tuned = never["policies"][learning_cost.BASE]["goodput_rps"]["values"]
+    assert late["goodput_rps"]["values"] not in (tuned, never_p["goodput_rps"]["values"])
+    line, figures = learning_cost.row("h200-live-small", never, [30.0])
+    assert line.startswith("| h200-live-small | ") and figures["30"]["verdict"] in (
+        "wins", "ties", "loses")
