@@ -132,9 +132,11 @@ def _run_loop(client: GatewayClient, pol: Controller, fb: Controller, cspec: Con
 
 def demo(
     scenario: str | None = typer.Option(
-        None, help="token-engine scenario whose tenants interfere (default long-context-chat; with --backend, "
+        None, help="token-engine scenario whose tenants interfere (default h200-mix@11000; with --backend, "
         "live/scenarios/cpu-smollm2-duo.yaml)"),
-    duration: float = typer.Option(45.0, min=5, help="seconds of the scenario's requests per policy"),
+    duration: float = typer.Option(45.0, min=5, help="seconds of the scenario's requests per policy, judged"),
+    warmup: float = typer.Option(20.0, min=0, help="seconds of requests played before those, not judged: the "
+                                 "limits walk from the operator's to where the policy holds them"),
     policy: list[str] = typer.Option(
         ["static:contract", "static:best", "contract", "ppo:general"],
         help="policies, the first the baseline (repeat); one that does not load is left out, with a note"),
@@ -163,9 +165,11 @@ def demo(
                 from admit.live.fidelity_real import SCENARIO as REAL_SCENARIO
 
                 base = backend.rstrip("/").removesuffix("/v1")
-                run_demo(scenario or str(REAL_SCENARIO), duration, policy, out, seed, workdir, console, base)
+                run_demo(scenario or str(REAL_SCENARIO), duration, policy, out, seed, workdir, console, base, warmup)
             else:
-                run_demo(scenario or "long-context-chat", duration, policy, out, seed, workdir, console)
+                from admit.live.demo import SCENARIO
+
+                run_demo(scenario or SCENARIO, duration, policy, out, seed, workdir, console, warmup=warmup)
     except (ScenarioError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

@@ -166,6 +166,7 @@ def run_live(
         "policy": policy or "none",
         "duration_s": duration,
         "warmup_s": warmup,
+        "started_unix": float(stage["started_unix"]),  # the load's start: the warm-up ends warmup_s later
         "valid": stage["valid"],
         "invalid_reasons": stage["invalid_reasons"],
         "completed": done_all,
