@@ -137,9 +137,9 @@ def demo(
     duration: float = typer.Option(45.0, min=5, help="seconds of the scenario's requests per policy, judged"),
     warmup: float = typer.Option(20.0, min=0, help="seconds of requests played before those, not judged: the "
                                  "limits walk from the operator's to where the policy holds them"),
-    policy: list[str] = typer.Option(
-        ["static:contract", "static:best", "contract", "ppo:general"],
-        help="policies, the first the baseline (repeat); one that does not load is left out, with a note"),
+    policy: list[str] | None = typer.Option(
+        None, help="policies, the first the baseline (repeat); one that does not load is left out, with a note "
+        "(default: static:contract, static:best, contract, ppo:general-untuned)"),
     out: Path = typer.Option(Path("results/demo.json"), help="where to write the JSON"),
     seed: int = typer.Option(1, help="the seed of the requests (every policy gets the same)"),
     workdir: Path | None = typer.Option(None, help="keep logs and configs here (default: a temp dir, removed)"),
@@ -152,24 +152,23 @@ def demo(
     and attainment, and a plot of each tenant's limit and in-contract attainment over time. With --backend, in
     front of a real vLLM server instead of the emulator."""
     from admit.envs.scenario import ScenarioError
-    from admit.live.demo import run_demo
+    from admit.live.demo import POLICIES, SCENARIO, run_demo
     from admit.live.stack import cli_exit
     from rich.console import Console
 
     console = Console()
     if console.width < 132:
         console = Console(width=132)
+    policies = list(policy or POLICIES)
     try:
         with cli_exit():
             if backend is not None:
                 from admit.live.fidelity_real import SCENARIO as REAL_SCENARIO
 
                 base = backend.rstrip("/").removesuffix("/v1")
-                run_demo(scenario or str(REAL_SCENARIO), duration, policy, out, seed, workdir, console, base, warmup)
+                run_demo(scenario or str(REAL_SCENARIO), duration, policies, out, seed, workdir, console, base, warmup)
             else:
-                from admit.live.demo import SCENARIO
-
-                run_demo(scenario or SCENARIO, duration, policy, out, seed, workdir, console, warmup=warmup)
+                run_demo(scenario or SCENARIO, duration, policies, out, seed, workdir, console, warmup=warmup)
     except (ScenarioError, ValueError) as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

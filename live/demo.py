@@ -30,7 +30,8 @@ The default policies: ``static:contract`` (per-tenant caps tuned offline on seed
 demo's seed, for the most goodput among those that keep every contract: the strongest static baseline that
 honours contracts), ``static:best`` (caps tuned for goodput alone: a tenant-blind reference), ``contract`` (the
 hand-written controller that keeps the contracts first and lends what they leave idle, controllers/contract.py)
-and ``ppo:general`` (the one learned policy for every scenario) when it is shipped; a policy that does not load
+and ``ppo:general-untuned`` (the learned policy for every scenario that needs no caps tuned for it, as a
+deployment has none; ``ppo:general`` acts around static:best's) when it is shipped; a policy that does not load
 on the scenario (``static:contract`` on one without contracts, say) is left out with a note. A request is good
 when it completes within every per-request objective of its tenant (the load generator checks them as the
 simulator does); a tenant's attainment is its good requests over all its arrivals. Every process is stopped on
@@ -66,7 +67,7 @@ from rich.table import Table
 
 SCENARIO = "h200-mix@11000"
 WARMUP_S = 20.0  # seconds played before the judged window: the limits walk from the operator's to the policy's
-POLICIES = ("static:contract", "static:best", "contract", "ppo:general")
+POLICIES = ("static:contract", "static:best", "contract", "ppo:general-untuned")
 LABELS = {"static:best": "tenant-blind"}  # said beside the policy's name wherever it is shown
 BIN_S = 5.0  # the goodput series counts good completions per bin of this many seconds, the attainment arrivals
 
