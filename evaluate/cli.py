@@ -22,6 +22,9 @@ def evaluate(
     plot: Path | None = typer.Option(
         None, help="write a Pareto plot here: goodput vs the worst tenant's attainment (with contracts: vs the "
         "contract shortfall)"),
+    lending_plot: Path | None = typer.Option(
+        None, help="where the tenants have contracts, draw each tenant's concurrency borrowed and lent over time "
+        "here, per policy (the mean over the seeds)"),
     workers: int = typer.Option(1, min=1, help="worker processes"),
     horizon_s: float | None = typer.Option(
         None, min=1.0, help="simulated seconds per episode instead of the scenario's horizon (a quicker look)"
@@ -34,12 +37,17 @@ def evaluate(
     """Evaluate policies offline on many seeds with common random numbers and paired tests."""
     from admit.envs.scenario import ScenarioError, load_scenario
     from admit.evaluate.offline import evaluate as run_eval
-    from admit.evaluate.offline import write_json
+    from admit.evaluate.offline import lending_series, write_json
+    from admit.evaluate.report import lending_plot as draw_lending
     from admit.evaluate.report import pareto_plot, print_table
     from rich.progress import Progress
 
     try:
         sc = load_scenario(scenario) if horizon_s is None else load_scenario(scenario, horizon_s=horizon_s)
+        if lending_plot is not None and not sc.has_contracts:  # said before any episode runs
+            raise ValueError(f"--lending-plot: {sc.name} has no tenant with a contract, so nothing is borrowed or "
+                             "lent (both are measured against each contract's nominal share; give tenants a "
+                             "contract: block)")
         with Progress(transient=True) as bar:
             task = bar.add_task("evaluating", total=len(policy) * seeds)
             ev = run_eval(sc, policy, seeds, seed_base, workers, progress=lambda i, n: bar.update(task, completed=i),
@@ -52,6 +60,9 @@ def evaluate(
     if plot is not None:
         pareto_plot(data, plot)
         typer.echo(f"wrote {plot}")
+    if lending_plot is not None:
+        draw_lending(lending_series(ev), lending_plot, sc.name)
+        typer.echo(f"wrote {lending_plot}")
 
 
 def results(

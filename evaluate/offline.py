@@ -21,6 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from admit.agents.registry import make_controller
@@ -251,6 +252,26 @@ def evaluate(
                 progress(i + 1, len(jobs))
     per_seed = {p: results[k * seeds : (k + 1) * seeds] for k, p in enumerate(policies)}
     return Evaluation(sc.name, seed_list, list(policies), per_seed, sc.horizon_s, contracts=contract_json(sc))
+
+
+def lending_series(ev: Evaluation) -> dict[str, Any]:
+    """Each tenant's concurrency borrowed and lent over time, per policy: the mean over the seeds at each
+    decision (every seed decides at the same times) of the episodes' series (envs/contracts.py
+    ``episode_lending``). ``{"time_s": [...], "nominal": {tenant: n}, "policies": {policy: {"borrowed":
+    {tenant: [...]}, "lent": {tenant: [...]}}}}``; a ValueError where the tenants have no contracts (borrowed and
+    lent are measured against each contract's nominal share)."""
+    first = ev.per_seed[ev.policies[0]]
+    if not first or "lending" not in first[0] or not first[0]["lending"]:
+        raise ValueError(f"{ev.scenario}: no tenant has a contract, so nothing is borrowed or lent (both are "
+                         "measured against each contract's nominal share; give tenants a contract: block)")
+    head = first[0]["lending"]
+    out: dict[str, Any] = {"time_s": [float(t) for t in head["time_s"]],
+                           "nominal": {k: int(v) for k, v in head["nominal"].items()}, "policies": {}}
+    for p in ev.policies:
+        runs = [r["lending"] for r in ev.per_seed[p]]
+        out["policies"][p] = {key: {name: np.mean([r[key][name] for r in runs], axis=0).tolist()
+                                    for name in head[key]} for key in ("borrowed", "lent")}
+    return out
 
 
 def write_json(ev: Evaluation, path: str | Path) -> dict:

@@ -312,6 +312,53 @@ def pareto_plot(data: dict, path: str | Path) -> None:
     plt.close(fig)
 
 
+def lending_plot(series: dict, path: str | Path, scenario: str = "", smooth_s: float = 60.0) -> None:
+    """Each tenant's concurrency borrowed (above 0) and lent (below 0) over the episode, one panel per policy
+    (admit.evaluate.offline ``lending_series``: the mean over the seeds at each decision), each drawn as its
+    moving average over ``smooth_s`` seconds; the panels share both axes, so the policies compare at a glance."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    t = np.asarray(series["time_s"], dtype=float)
+    step = float(np.median(np.diff(t))) if len(t) > 1 else 1.0
+    k = max(1, round(smooth_s / step))
+
+    def smoothed(v: list[float]) -> np.ndarray:
+        x = np.asarray(v, dtype=float)
+        return np.convolve(x, np.ones(k) / k, mode="same") if k > 1 and len(x) >= k else x
+
+    pols = series["policies"]
+    cols = min(3, len(pols))
+    rows = -(-len(pols) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.6 * cols, 2.8 * rows + 0.6), dpi=100, sharex=True,
+                             sharey=True, squeeze=False)
+    colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for ax, (pol, figs) in zip(axes.flat, pols.items(), strict=False):
+        for i, name in enumerate(figs["borrowed"]):
+            c = colours[i % len(colours)]
+            ax.plot(t, smoothed(figs["borrowed"][name]), color=c, label=f"{name} (nominal {series['nominal'][name]})")
+            ax.plot(t, -smoothed(figs["lent"][name]), color=c, linestyle="--")
+        ax.axhline(0.0, color="gray", linewidth=0.8)
+        ax.set_title(pol, fontsize=10)
+        ax.grid(alpha=0.3)
+    for ax in axes.flat[len(pols):]:
+        ax.set_visible(False)
+    for ax in axes[-1]:
+        ax.set_xlabel("seconds")
+    for row in axes:
+        row[0].set_ylabel("borrowed (+) / lent (−)\nrequests in flight")
+    axes[0][0].legend(fontsize=7, loc="best")
+    fig.suptitle(f"{scenario}: concurrency borrowed beyond each tenant's nominal share (solid) and lent of it "
+                 f"(dashed), mean over the seeds, {smooth_s:g} s moving average", fontsize=10)
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
 def _whisker(mean: float, ci: Sequence[float]) -> list[list[float]]:
     """Error-bar lengths below and above ``mean`` for the interval ``ci``: never negative (a clipped interval,
     or a mean read from elsewhere, may lie outside it)."""

@@ -47,3 +47,38 @@ def test_a_run_without_them_shows_a_dash(data: dict) -> None:
             for m in ("excess_goodput", "borrowed", "lent"):
                 te.pop(m)
     assert re.search(r"^ chat\s+static:share .* (yes|no)\s+—\s+—\s", _text(live), re.M)
+
+
+def test_lending_over_time_is_the_mean_of_the_seeds_series_and_is_drawn(tmp_path) -> None:
+    """`admit evaluate --lending-plot`: each tenant's borrowed and lent concurrency per decision, the mean over
+    the seeds of the episodes' series, whose mean over the decisions is the table's figure; drawn per policy."""
+    from admit.evaluate.offline import lending_series
+    from admit.evaluate.report import lending_plot
+
+    raw = load_scenario("h200-live-small").model_dump(exclude_none=True)
+    for t in raw["tenants"]:
+        t["contract"] = CONTRACTS[t["name"]]
+    ev = evaluate(parse_scenario(raw, "h200-live-small with contracts"), ["static:share", "static:2"], seeds=2)
+    series = lending_series(ev)
+    data = ev.to_json()
+    n = len(series["time_s"])
+    assert n > 10 and series["time_s"] == sorted(series["time_s"])
+    for pol in ("static:share", "static:2"):
+        for name in ("chat", "agent"):
+            for key in ("borrowed", "lent"):
+                got = series["policies"][pol][key][name]
+                per_seed = [r["lending"][key][name] for r in ev.per_seed[pol]]
+                assert len(got) == n and got == pytest.approx([(a + b) / 2 for a, b in zip(*per_seed, strict=True)])
+                # no warm-up: the table's mean is the mean over the decisions of this series
+                assert sum(got) / n == pytest.approx(data["policies"][pol]["tenants"][name][key]["mean"])
+    # static:2 holds a slot or two per tenant, under its nominal share: it lends nothing and borrows nothing
+    assert not any(series["policies"]["static:2"]["borrowed"]["chat"])
+    lending_plot(series, tmp_path / "lending.png", "h200-live-small")
+    assert (tmp_path / "lending.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_lending_over_time_needs_contracts() -> None:
+    from admit.evaluate.offline import lending_series
+
+    with pytest.raises(ValueError, match="no tenant has a contract"):
+        lending_series(evaluate(load_scenario("seed-paper", horizon_s=60), ["static"], seeds=1))
