@@ -11,8 +11,14 @@
   gateway's one process, nginx's one worker) per completed request is read from /proc: it is far less
   sensitive to the machine's other load than latency is.
 * ``--workers N``: also ``admit gateway --workers N`` (N processes on the port through SO_REUSEPORT, which
-  the gateway allows only with its Redis backend: a ``redis-server`` is started for it) on the max-req/s
-  ladder, as a row of its own; its CPU column sums the N workers and redis-server.
+  the gateway allows only with its Redis backend: a ``redis-server`` is started for it) as ``gateway xN``,
+  in the overhead stages and on the max-req/s ladder; its CPU column sums the N workers and redis-server.
+  With ``--contract`` too, a second such gateway (its own redis-server) with the contract on its tenant runs
+  beside it as ``contract xN``: the price of the shared contract envelope (gateway/redis/contracts.py, its
+  Redis round trip included) in the same run. With ``--baseline`` too, the same rows of that revision run
+  as ``before xN`` and ``contract before xN``.
+* ``--only LABELS``: run only these rows (comma-separated, e.g. ``'gateway x2,contract x2'``) beside direct,
+  to keep a run short; ``--max-rates ''`` skips the ladder.
 * ``--baseline REV``: the gateway of another git revision (e.g. the commit before a change) runs beside
   the current one as ``before`` — in the overhead table and on the ladder — so a before/after comparison
   is measured in the same run, under the same load. Its code is taken with ``git archive`` into the temp
@@ -181,6 +187,7 @@ def main() -> None:
     ap.add_argument("--baseline", help="a git revision whose gateway runs beside this one as 'before'")
     ap.add_argument("--contract", type=json.loads, help="also this gateway with this contract on its tenant (JSON)")
     ap.add_argument("--workers", type=int, default=0, help="also a gateway with this many worker processes (Redis)")
+    ap.add_argument("--only", help="run only these rows beside direct (comma-separated labels)")
     ap.add_argument("--out", type=Path, default=Path("results/gateway_bench.json"))
     args = ap.parse_args()
     rates = [float(x) for x in args.rates.split(",") if x]
@@ -193,35 +200,56 @@ def main() -> None:
         mock = stack.wait_listening("mock")
         tenant: dict[str, Any] = {"name": "t", "api_keys": [KEY], "limit": 100000, "max_queue": 100000}
         gw_cfg = {"telemetry": {"nvml": False, "scrape_interval_s": 60}, "tenants": [tenant]}
-        proxies = {"direct": mock, "gateway": start_gateway(stack, "gateway", mock, gw_cfg, None)}
+        only = None if args.only is None else {x.strip() for x in args.only.split(",") if x.strip()}
+
+        def wanted(label: str) -> bool:
+            return only is None or label in only
+
+        proxies = {"direct": mock}
+        if wanted("gateway"):
+            proxies["gateway"] = start_gateway(stack, "gateway", mock, gw_cfg, None)
+        contract_cfg = {**gw_cfg, "tenants": [{**tenant, "contract": args.contract}]}
         if args.contract:
-            contract_cfg = {**gw_cfg, "tenants": [{**tenant, "contract": args.contract}]}
-            proxies["contract"] = start_gateway(stack, "contract", mock, contract_cfg, None)
             result["contract"] = args.contract
+            if wanted("contract"):
+                proxies["contract"] = start_gateway(stack, "contract", mock, contract_cfg, None)
+        code = None
         if args.baseline:
             code = baseline_tree(args.baseline, Path(tmp) / "baseline")
-            proxies["before"] = start_gateway(stack, "before", mock, gw_cfg, code)
             result["baseline"] = args.baseline
+            if wanted("before"):
+                proxies["before"] = start_gateway(stack, "before", mock, gw_cfg, code)
+        pids: dict[str, int | list[int] | None] = {k: stack.procs[k].pid if k != "direct" else None for k in proxies}
+        redis_server = shutil.which("redis-server")
+        if args.workers > 1 and redis_server is not None:
+            n = args.workers
+            rows: dict[str, tuple[str, dict[str, Any], Path | None]] = {f"gateway x{n}": ("workers", gw_cfg, None)}
+            if args.contract:
+                rows[f"contract x{n}"] = ("workers-contract", contract_cfg, None)
+            if code is not None:
+                rows[f"before x{n}"] = ("workers-before", gw_cfg, code)
+                if args.contract:
+                    rows[f"contract before x{n}"] = ("workers-contract-before", contract_cfg, code)
+            for label, (name, cfg, rev) in rows.items():
+                if not wanted(label):
+                    continue
+                rport = free_port()  # a redis-server each, so that its CPU is this row's alone
+                (Path(tmp) / f"redis-{name}").mkdir()
+                stack.spawn(f"redis-{name}", ["--port", str(rport), "--bind", "127.0.0.1", "--save", "",
+                                              "--appendonly", "no", "--dir", str(Path(tmp) / f"redis-{name}"),
+                                              "--daemonize", "no"], program=redis_server)
+                poll(lambda port=rport: _listening(port), 20, "redis-server to listen")
+                wcfg = {**cfg, "redis": {"url": f"redis://127.0.0.1:{rport}/0"}}
+                proxies[label] = start_gateway(stack, name, mock, wcfg, rev, ("--workers", str(n)))
+                pids[label] = [*_children(stack.procs[name].pid), stack.procs[f"redis-{name}"].pid]
         targets = {k: v for k, v in proxies.items() if k != "direct"}
-        pids = {k: stack.procs[k].pid if k != "direct" else None for k in proxies}
-        if nginx is not None:
+        if nginx is not None and wanted("nginx"):
             port = free_port()
             conf = nginx_conf(Path(tmp), port, mock)
             stack.spawn("nginx", ["-p", tmp, "-c", str(conf), "-g", "daemon off;"], program=str(nginx))
             targets["nginx"] = f"http://127.0.0.1:{port}"
             pids["nginx"] = _nginx_worker(Path(tmp) / "nginx.pid")
             poll(lambda: _listening(port), 20, "nginx to listen")
-        redis_server = shutil.which("redis-server")
-        if args.workers > 1 and redis_server is not None:
-            rport = free_port()
-            (Path(tmp) / "redis").mkdir()
-            stack.spawn("redis", ["--port", str(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                                  "--dir", str(Path(tmp) / "redis"), "--daemonize", "no"], program=redis_server)
-            poll(lambda: _listening(rport), 20, "redis-server to listen")
-            label = f"gateway x{args.workers}"
-            wcfg = {**gw_cfg, "redis": {"url": f"redis://127.0.0.1:{rport}/0"}}
-            targets[label] = start_gateway(stack, "workers", mock, wcfg, None, ("--workers", str(args.workers)))
-            pids[label] = [*_children(stack.procs["workers"].pid), stack.procs["redis"].pid]
         for shape, (output, stream) in SHAPES.items():
             for rate in rates:
                 row: dict[str, Any] = {"shape": shape, "rate": rate}
@@ -246,7 +274,7 @@ def main() -> None:
                           f"p99 {r['added_p99_ms']:+.2f} ms  (achieved {r['achieved_ratio']:.3f}, "
                           f"valid {r['valid']})", flush=True)
                 result["overhead"].append(row)
-        for label, url in targets.items():
+        for label, url in targets.items() if ladder else ():  # --max-rates '': no ladder
             steps = []
             for rate in ladder:
                 r = loadgen(stack, url, f"max-{label}-{rate:g}", rate, 16, args.max_duration, proxy=pids[label],
