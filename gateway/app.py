@@ -230,7 +230,7 @@ class Gateway:
                 contracts = [t.contract for t in self.cfg.tenants]
                 self.shared_contracts = SharedContracts(self.cfg.redis, self.names, contracts)
                 await self.shared_contracts.attach(shared)
-            self.metrics.registry.register(RedisCollector(shared))
+            self.metrics.registry.register(RedisCollector(shared, self.shared_contracts))
             self._admission = self.shared_admission = shared
         if self._admission is None:
             self._admission = LocalAdmission(self.cfg.tenants, self.cfg.capacity)
@@ -515,16 +515,17 @@ class Gateway:
         charge: Charge | None = None
         cost = info.cost_tokens(self.context_tokens, self.cfg.default_output_tokens)
         try:
-            if self.shared_contracts is not None and self.contracts[tenant] is not None:
-                # on the shared envelope (one Redis script, on Redis's clock; gateway/redis/contracts.py), or the
-                # failure mode's answer: 503 when closed, this replica's mirror when open
-                got_class = await self.shared_contracts.classify(tenant, info.prompt_tokens, self._asked(info))
-                rec.in_contract, rec.contract_at, rec.contract_seq = got_class.in_contract, got_class.at, got_class.seq
-                self.metrics.contract_requests.inc(name, "in" if rec.in_contract else "excess")
             lease: Lease | None = None
             asked = False
             if self.shared_book is None:
                 got = self.book.charge(name, info.model, cost, self.clock())
+            elif self.shared_contracts is not None and self.contracts[tenant] is not None:
+                # the class on the shared envelope (on Redis's clock; gateway/redis/contracts.py), the charge and
+                # the lease in one script, or the failure mode's answer: 503 when closed, the mirror when open
+                got_class, got, lease, asked = await self.shared_book.classify_and_acquire(
+                    tenant, info.model, cost, self.shared_contracts, info.prompt_tokens, self._asked(info))
+                rec.in_contract, rec.contract_at, rec.contract_seq = got_class.in_contract, got_class.at, got_class.seq
+                self.metrics.contract_requests.inc(name, "in" if rec.in_contract else "excess")
             else:  # with Redis, one script charges the envelopes and, if they allow it, takes the lease
                 got, lease, asked = await self.shared_book.charge_and_acquire(tenant, info.model, cost)
             if isinstance(got, Deferral):

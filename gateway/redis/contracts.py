@@ -15,9 +15,12 @@ envelope was charged (the script never goes back before the tenant's last time, 
 is stepped back), which is the order the classifier must see. The script returns the time it classified at
 and a per-tenant sequence number; the request log keeps both (``contract_at``, ``contract_seq``), so
 sorting the lines of all replicas by ``(contract_at, contract_seq)`` and running core/contract.py's
-``classify`` on them gives the gateway's classes request by request. It costs one Redis round trip per
-request of a tenant with a contract, at its arrival (the envelope charge and the lease come after the
-class is known: the class picks the queue).
+``classify`` on them gives the gateway's classes request by request. On the gateway's path the classification
+is in the request's one Redis round trip: the script that classifies also charges the rate envelopes and
+tries for the lease (``CONTRACT_ACQUIRE``, gateway/redis/envelopes.py ``classify_and_acquire``); the class
+picks the queue only when no slot is free, so it is known by then. Alone (``classify``: ``CONTRACT``) it is
+one round trip of its own, as when this replica's queue of the tenant is not empty (its requests go first,
+so the lease is not tried).
 
 **This replica's mirror.** Each tenant's envelope is mirrored here in a core ``ContractMeter`` on the
 replica's wall clock: every answer of the script (and a read every refresh of the Redis backend) sets its
@@ -80,6 +83,7 @@ class SharedContracts:
         self._adm: RedisAdmission | None = None
         self.read_at = -1.0  # time.monotonic() of the last read of the shared envelopes
         self.fail_open_classified = 0  # requests classified on the mirror while Redis was down (or failed)
+        self.fail_open_by = [0] * len(names)  # the same, per tenant (/metrics)
         self.shared_classified = 0
 
     def _args(self, t: int, cost: float) -> list[Any]:
@@ -149,18 +153,33 @@ class SharedContracts:
         meter = self.meters[t]
         assert adm is not None and meter is not None, "attach() first, for a tenant with a contract"
         if not adm.up:
-            return self._fallback(t, prompt_tokens, output_tokens)
-        cost = meter.contract.cost(prompt_tokens, output_tokens)
+            return self.fallback(t, prompt_tokens, output_tokens)
+        key, args = self.classify_args(t, prompt_tokens, output_tokens)
         try:
-            got = (await self._script(keys=[self._keys[t]], args=["classify", *self._args(t, cost)]))[0]
+            got = (await self._script(keys=[key], args=["classify", *args]))[0]
         except adm.ERRORS as exc:
             script = adm.failed(exc, "CONTRACT", f"tenant {self.names[t]}")
-            return self._fallback(t, prompt_tokens, output_tokens, script_error=script)
+            return self.fallback(t, prompt_tokens, output_tokens, script_error=script)
+        return self.classified(t, got)
+
+    # The pieces of one classification, also used by the script that classifies, charges and leases in one
+    # (gateway/redis/envelopes.py ``classify_and_acquire``): these keys and args, then apply the answer.
+    def classify_args(self, t: int, prompt_tokens: int, output_tokens: int) -> tuple[str, list[Any]]:
+        """Tenant ``t``'s contract key and the script's rate, burst and cost of this request."""
+        meter = self.meters[t]
+        assert meter is not None
+        return self._keys[t], self._args(t, meter.contract.cost(prompt_tokens, output_tokens))
+
+    def classified(self, t: int, got: list[Any]) -> Classified:
+        """Apply the script's contract() answer ``{in contract, time, seq, ahead}``: the mirror, the count."""
         self._sync(t, float(got[3]))
         self.shared_classified += 1
         return Classified(bool(int(got[0])), float(got[1]), int(got[2]))
 
-    def _fallback(self, t: int, prompt_tokens: int, output_tokens: int, script_error: bool = False) -> Classified:
+    def fallback(self, t: int, prompt_tokens: int, output_tokens: int, script_error: bool = False) -> Classified:
+        """The failure mode's answer while Redis is down, or (``script_error``) for this one request whose
+        script failed: closed raises (503 admission-unavailable, or 500 admission-error), open classifies on
+        this replica's mirror."""
         adm = self._adm
         meter = self.meters[t]
         assert adm is not None and meter is not None
@@ -173,6 +192,7 @@ class SharedContracts:
         at = max(wall_clock(), self._last[t])  # the log's times of this replica stay in its classification order
         self._last[t] = at
         self.fail_open_classified += 1
+        self.fail_open_by[t] += 1
         return Classified(meter.arrive(at, prompt_tokens, output_tokens), at, None)
 
     # ----------------------------------------------------------------- state

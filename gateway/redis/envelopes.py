@@ -60,7 +60,8 @@ from admit.gateway.admission import ADMISSION_UNAVAILABLE, Change, Deferred, Lea
 from admit.gateway.config import EnvelopeConfig, RedisConfig
 from admit.gateway.envelopes import AlertHook, Charge, Deferral, Envelope, EnvelopeBook
 from admit.gateway.redis.admission import AdmissionError, RedisAdmission, is_script_error
-from admit.gateway.redis.scripts import CHARGE_ACQUIRE, GCRA, SET_ENVELOPE
+from admit.gateway.redis.contracts import Classified, SharedContracts
+from admit.gateway.redis.scripts import CHARGE_ACQUIRE, CONTRACT_ACQUIRE, GCRA, SET_ENVELOPE
 from pydantic import ValidationError
 from redis.exceptions import ResponseError
 
@@ -124,6 +125,7 @@ class SharedEnvelopeBook(EnvelopeBook):
         self._adm = adm
         self._gcra = adm.r.register_script(GCRA)
         self._charge_acquire = adm.r.register_script(CHARGE_ACQUIRE)
+        self._contract_acquire = adm.r.register_script(CONTRACT_ACQUIRE)
         self._set = adm.r.register_script(SET_ENVELOPE)
         adm.attached.append(self)
         if adm.up:
@@ -412,6 +414,61 @@ class SharedEnvelopeBook(EnvelopeBook):
             return charge, None, False
         lease = adm.acquired(t, lid, leased)
         return charge, lease, lease is None
+
+    async def classify_and_acquire(self, t: int, target: str, tokens: int, contracts: SharedContracts,
+                                   prompt_tokens: int, output_tokens: int) -> tuple[Classified, Charge | Deferral,
+                                                                                    Lease | None, bool]:
+        """The request of a tenant with a contract: its class (``SharedContracts.classify``) and then
+        ``charge_and_acquire``, in ONE script (CONTRACT_ACQUIRE), so that the contract adds no Redis round
+        trip to the request's one. Returns ``(class, charge or deferral, lease or None, asked)``, the last three
+        as ``charge_and_acquire``'s. The class is written in Redis whatever comes of the charge and the lease.
+
+        Redis down, or this replica's queue of the tenant not empty: the two calls one after the other, as
+        before (the failure mode's answers; the queued requests go first). The script failing:
+
+        * Redis unreachable (or a timeout, after which the class, the charge and the lease may all have been
+          taken in Redis): the failure mode's answers, the class first (closed: 503), as for the two calls; a
+          lease it may have granted is released.
+        * a script error (Redis answered; which of the three keys broke is not told): closed answers 500
+          admission-error, open classifies on the mirror and charges the mirror; the lease is then tried as
+          usual by the caller (``asked`` False).
+        """
+        adm = self._adm
+        assert adm is not None, "attach() first"
+        if not adm.up or adm.queue_depth(t):
+            got_class = await contracts.classify(t, prompt_tokens, output_tokens)
+            return (got_class, *await self.charge_and_acquire(t, target, tokens))
+        tenant = adm.names[t]
+        envs = self._matching(tenant, target)
+        spend = self._spend(envs, tokens) if envs else None
+        ckey, cargs = contracts.classify_args(t, prompt_tokens, output_tokens)
+        lid = adm.reserve(t)
+        keys, args = adm.acquire_args(t, lid)
+        if spend is not None:
+            keys, args = keys + spend.keys, args + spend.args
+        try:
+            classed, got, leased = await self._contract_acquire(keys=[ckey, *keys], args=[*cargs, *args])
+        except asyncio.CancelledError:
+            adm.forget(t, lid)
+            raise
+        except adm.ERRORS as exc:
+            if is_script_error(exc):  # it took no lease (gateway/redis/admission.py): nothing to release
+                adm.live.pop(lid, None)
+                adm.script_error("CONTRACT_ACQUIRE", exc, f"tenant {tenant}")
+                got_class = contracts.fallback(t, prompt_tokens, output_tokens, script_error=True)
+                charge = self._fallback(tenant, target, tokens, script_error=True) if envs else _FREE
+                return got_class, charge, None, False
+            adm.mark_down(exc)  # first: the lease it may have granted is released when Redis is back
+            adm.forget(t, lid)
+            got_class = contracts.fallback(t, prompt_tokens, output_tokens)
+            return got_class, self._fallback(tenant, target, tokens) if envs else _FREE, None, False
+        got_class = contracts.classified(t, classed)
+        charge = _FREE if spend is None else self._spent(spend, got)
+        if not leased:  # the charge deferred: the script took no lease
+            adm.live.pop(lid, None)
+            return got_class, charge, None, False
+        lease = adm.acquired(t, lid, leased)
+        return got_class, charge, lease, lease is None
 
     def _spend(self, envs: list[Envelope], tokens: int) -> _Spend:
         """What charging ``envs`` for one request of ``tokens`` sends to the GCRA script: one unit of each

@@ -1,6 +1,7 @@
 """Prometheus view of the Redis admission backend: reachability, fail-open/closed decisions, lease upkeep,
 script errors (per script; they are not outages, gateway/redis/admission.py) and values read from Redis that
-were refused (per kind: limit, version, envelope)."""
+were refused (per kind: limit, version, envelope); with contracts, the requests classified on the replica's
+mirror while Redis was down or their script failed (gateway/redis/contracts.py)."""
 
 from __future__ import annotations
 
@@ -8,13 +9,15 @@ from collections.abc import Iterator
 
 from admit.gateway.metrics import PREFIX
 from admit.gateway.redis.admission import RedisAdmission
+from admit.gateway.redis.contracts import SharedContracts
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 
 class RedisCollector(Collector):
-    def __init__(self, backend: RedisAdmission) -> None:
+    def __init__(self, backend: RedisAdmission, contracts: SharedContracts | None = None) -> None:
         self.b = backend
+        self.contracts = contracts
 
     def collect(self) -> Iterator[GaugeMetricFamily | CounterMetricFamily]:
         b, s = self.b, self.b.stats
@@ -52,3 +55,12 @@ class RedisCollector(Collector):
         for kind, n in sorted(s.bad_values_by.items()):
             bad.add_metric([kind], float(n))
         yield bad
+        if self.contracts is not None:
+            c = self.contracts
+            co = CounterMetricFamily(PREFIX + "redis_contracts_fail_open",
+                                     "requests classified on this replica's mirror of the contract envelope while "
+                                     "Redis was down (or their script failed), failing open", labels=["tenant"])
+            for i, name in enumerate(c.names):
+                if c.contracts[i] is not None:
+                    co.add_metric([name], float(c.fail_open_by[i]))
+            yield co

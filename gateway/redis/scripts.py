@@ -42,7 +42,9 @@ gcra.py's ``Gcra.spend`` line for line (``_CONTRACT_FN``), but in *seconds*, not
 written with 17 significant digits, so that Lua's IEEE arithmetic makes exactly the decisions core/
 contract.py's ``classify`` makes on the same times (tested decision by decision): a contract's class is
 replayed offline from the request log, which the rate envelopes' buckets never are. The time is the server's
-``TIME`` in seconds, never earlier than the tenant's last classified one.
+``TIME`` in seconds, never earlier than the tenant's last classified one. On the gateway's path the
+classification, the envelopes' charge and the lease are one script (``CONTRACT_ACQUIRE``, from the same
+functions), so a contract adds no round trip to a request.
 """
 
 from __future__ import annotations
@@ -427,4 +429,30 @@ for i = 1, #KEYS do
                     now_s)
 end
 return out
+"""
+
+# A request of a tenant with a contract, one round trip: classify it (contract(), always, on the same reading of
+# the server clock as CONTRACT takes: the same decisions), then charge its rate envelopes if it has any (gcra()
+# "spend"), and try the lease (acquire()) only when the charge is granted, as CHARGE_ACQUIRE does; the class is
+# the caller's to pick the queue with when no slot is free. The contract's HMGET is the script's first command,
+# so a broken contract key fails the script before anything is written.
+# KEYS: contract hash, leases zset, limits hash, then gcra()'s keys (none when no envelope matches). ARGV: the
+# contract's rate, burst and the request's cost (as CONTRACT's "classify"), ACQUIRE's four, then gcra()'s argv
+# (none when no envelope matches).
+# Returns {contract()'s answer, gcra()'s answer ({1} when no envelope), acquire()'s answer or {} when the charge
+# deferred}.
+CONTRACT_ACQUIRE = _CLOCK + _COUNT_FN + _ACQUIRE_FN + _GCRA_FN + _CONTRACT_FN + """
+local now_s = tonumber(t[1]) + tonumber(t[2]) / 1e6
+local classified = contract(KEYS[1], 'classify', tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), now_s)
+local charged = {1}
+if #KEYS > 3 then
+  local gkeys, gargv = {}, {}
+  for i = 4, #KEYS do gkeys[#gkeys + 1] = KEYS[i] end
+  for i = 8, #ARGV do gargv[#gargv + 1] = ARGV[i] end
+  charged = gcra(gkeys, gargv, now_us)
+  if charged[1] ~= 1 then
+    return {classified, charged, {}}
+  end
+end
+return {classified, charged, acquire(KEYS[2], KEYS[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], now_ms)}
 """

@@ -179,6 +179,8 @@ def test_redis_down_fail_open_classifies_on_the_replicas_mirror(tmp_path: Path, 
     assert state["redis"]["contracts_fail_open_classified"] == 3 and state["redis"]["contracts_classified"] == 2
     counts = samples(metrics, "admit_gateway_contract_requests_total")
     assert counts[(("class", "in"), ("tenant", "t"))] == 4 and counts[(("class", "excess"), ("tenant", "t"))] == 1
+    # the three classified on the mirror, on /metrics too; the tenant without a contract has no sample
+    assert samples(metrics, "admit_gateway_redis_contracts_fail_open_total") == {(("tenant", "t"),): 3}
 
 
 def test_redis_down_fail_closed_answers_503(tmp_path: Path, mock: CountingMock, rs: RedisServer) -> None:
@@ -188,6 +190,7 @@ def test_redis_down_fail_closed_answers_503(tmp_path: Path, mock: CountingMock, 
     assert [(x["status"], x["in_contract"]) for x in down] == [(503, None)] * 3  # not classified
     assert state["tenants"]["t"]["fail_closed_deferred"] == 3
     assert 'admit_gateway_deferred_total{reason="admission-unavailable",tenant="t"} 3.0' in metrics
+    assert samples(metrics, "admit_gateway_redis_contracts_fail_open_total") == {(("tenant", "t"),): 0}
 
 
 def test_a_contract_with_redis_is_checked_as_without() -> None:
