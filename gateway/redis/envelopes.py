@@ -447,7 +447,7 @@ class SharedEnvelopeBook(EnvelopeBook):
         if spend is not None:
             keys, args = keys + spend.keys, args + spend.args
         try:
-            classed, got, leased = await self._contract_acquire(keys=[ckey, *keys], args=[*cargs, *args])
+            answer = await self._contract_acquire(keys=[ckey, *keys], args=[*cargs, *args])
         except asyncio.CancelledError:
             adm.forget(t, lid)
             raise
@@ -462,7 +462,8 @@ class SharedEnvelopeBook(EnvelopeBook):
             adm.forget(t, lid)
             got_class = contracts.fallback(t, prompt_tokens, output_tokens)
             return got_class, self._fallback(tenant, target, tokens) if envs else _FREE, None, False
-        got_class = contracts.classified(t, classed)
+        classed, got, leased = answer[0], answer[1], answer[2:]
+        got_class = contracts.classified(t, classed.split(" "))
         charge = _FREE if spend is None else self._spent(spend, got)
         if not leased:  # the charge deferred: the script took no lease
             adm.live.pop(lid, None)

@@ -435,24 +435,28 @@ return out
 # the server clock as CONTRACT takes: the same decisions), then charge its rate envelopes if it has any (gcra()
 # "spend"), and try the lease (acquire()) only when the charge is granted, as CHARGE_ACQUIRE does; the class is
 # the caller's to pick the queue with when no slot is free. The contract's HMGET is the script's first command,
-# so a broken contract key fails the script before anything is written.
+# so a broken contract key fails the script before anything is written. The answer is flat, and the class one
+# string, because each element of a reply costs the caller's parser (redis-py's, in Python) more than the
+# script's work costs Redis.
 # KEYS: contract hash, leases zset, limits hash, then gcra()'s keys (none when no envelope matches). ARGV: the
 # contract's rate, burst and the request's cost (as CONTRACT's "classify"), ACQUIRE's four, then gcra()'s argv
 # (none when no envelope matches).
-# Returns {contract()'s answer, gcra()'s answer ({1} when no envelope), acquire()'s answer or {} when the charge
-# deferred}.
+# Returns {contract()'s answer joined by spaces, gcra()'s answer (1 when no envelope), then acquire()'s answer's
+# elements (none when the charge deferred)}.
 CONTRACT_ACQUIRE = _CLOCK + _COUNT_FN + _ACQUIRE_FN + _GCRA_FN + _CONTRACT_FN + """
 local now_s = tonumber(t[1]) + tonumber(t[2]) / 1e6
-local classified = contract(KEYS[1], 'classify', tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), now_s)
-local charged = {1}
+local classified = table.concat(contract(KEYS[1], 'classify', tonumber(ARGV[1]), tonumber(ARGV[2]),
+                                         tonumber(ARGV[3]), now_s), ' ')
+local charged = 1
 if #KEYS > 3 then
   local gkeys, gargv = {}, {}
   for i = 4, #KEYS do gkeys[#gkeys + 1] = KEYS[i] end
   for i = 8, #ARGV do gargv[#gargv + 1] = ARGV[i] end
   charged = gcra(gkeys, gargv, now_us)
   if charged[1] ~= 1 then
-    return {classified, charged, {}}
+    return {classified, charged}
   end
 end
-return {classified, charged, acquire(KEYS[2], KEYS[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], now_ms)}
+local a = acquire(KEYS[2], KEYS[3], ARGV[4], ARGV[5], ARGV[6], ARGV[7], now_ms)
+return {classified, charged, a[1], a[2], a[3], a[4], a[5]}
 """
