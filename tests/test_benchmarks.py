@@ -128,3 +128,29 @@ def test_learning_cost_late_oracle_is_the_operators_limits_then_the_tuned_caps()
     line, figures = learning_cost.row("h200-live-small", never, [30.0])
     assert line.startswith("| h200-live-small | ") and figures["30"]["verdict"] in (
         "wins", "ties", "loses")
+
+
+def test_gateway_bench_runs_a_redis_gateway_with_a_contract_beside_one_without(tmp_path: Path) -> None:
+    """benchmarks/gateway_bench.py --workers 2 --contract: the Redis-backed gateway with the contract on its
+    tenant runs beside the one without, in the same stages, each with its CPU per request (workers + its own
+    redis-server) and latency measured, so their ratio is the contract's price (docs/BENCHMARKS.md)."""
+    import json
+    import shutil
+    import subprocess
+
+    if shutil.which("redis-server") is None:
+        pytest.skip("redis-server is not installed (make test installs it)")
+    out = tmp_path / "bench.json"
+    subprocess.run([sys.executable, str(BENCHMARKS / "gateway_bench.py"), "--rates", "100", "--duration", "3",
+                    "--warmup", "1", "--max-rates", "", "--workers", "2", "--only", "gateway x2,contract x2",
+                    "--contract", '{"requests_per_s": 750, "burst": 100, "attainment": 0.9}', "--out", str(out)],
+                   cwd=BENCHMARKS.parent, capture_output=True, text=True, timeout=600, check=True)
+    result = json.loads(out.read_text())
+    assert result["max_rate"] == {}  # --max-rates '': no ladder
+    stages = result["overhead"]
+    assert {(s["shape"], s["rate"]) for s in stages} == {("plain", 100.0), ("stream", 100.0)}
+    for stage in stages:
+        assert set(stage) >= {"direct", "gateway x2", "contract x2"}
+        for label in ("gateway x2", "contract x2"):
+            r = stage[label]
+            assert r["achieved_ratio"] > 0.9 and r["p50_ms"] > 0 and r["proxy_cpu_ms_per_request"] > 0
