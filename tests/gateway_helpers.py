@@ -507,3 +507,11 @@ class Watch:
                 lines.append(f"its worst window: from {worst[3]:.1f} s, {worst[2]:.1f} s long, it ran {worst[0]:.3f} s "
                              f"and waited for a CPU {worst[1]:.3f} s")
         return "\n".join(lines)
+
+
+def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
+    """A /metrics page's samples of metric ``name``, by their sorted labels (a label set never counted is absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
+            for s in f.samples if s.name == name}

@@ -15,8 +15,7 @@ import pytest
 from admit.core.contract import Contract, classify
 from admit.gateway.config import ConfigError, parse_config
 from emulator_helpers import Emulator, start_emulator
-from gateway_helpers import GatewayProcess, key, tenant_cfg, wait_for
-from prometheus_client.parser import text_string_to_metric_families
+from gateway_helpers import GatewayProcess, key, samples, tenant_cfg, wait_for
 
 CHAT = {"requests_per_s": 1.0, "burst": 2, "attainment": 0.9}
 DOCS = {"tokens_per_s": 400.0, "burst": 600, "attainment": 0.9}
@@ -27,11 +26,6 @@ def emu() -> Iterator[Emulator]:
     e = start_emulator()
     yield e
     e.stop()
-
-
-def samples(text: str, name: str) -> dict[tuple[tuple[str, str], ...], float]:
-    return {tuple(sorted(s.labels.items())): s.value for f in text_string_to_metric_families(text)
-            for s in f.samples if s.name == name}
 
 
 @pytest.mark.system
