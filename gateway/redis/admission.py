@@ -81,9 +81,9 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
 import redis.asyncio as aioredis
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
@@ -113,6 +113,7 @@ _SERVER_STATE = (NoScriptError, OutOfMemoryError, ReadOnlyError, NoPermissionErr
                  ClusterError)
 _SERVER_STATE_CODES = ("MISCONF ", "BUSY ", "NOREPLICAS ")
 _LOGGED_MAX = 256  # distinct (script, message) pairs logged; past that script errors are only counted
+T = TypeVar("T")
 
 
 def is_script_error(exc: BaseException) -> bool:
@@ -256,6 +257,25 @@ class RedisAdmission(TenantSlots):
             self._logged.add(key)
             log.warning("redis script %s failed%s (a script error, not an outage: only this call is affected; "
                         "counted, logged once): %s", script, f" for {where}" if where else "", exc)
+
+    async def read_each(self, script: str, read: Callable[[list[T]], Awaitable[None]], items: list[T],
+                        where: Callable[[T], str]) -> None:
+        """``read(items)`` in one call; after a script error (counted), ``read([item])`` for each item, so that one
+        item's broken key leaves the others fresh (its own error counted too, ``where`` naming it). Anything
+        that is not a script error is raised."""
+        try:
+            await read(items)
+        except ResponseError as exc:
+            if not is_script_error(exc):
+                raise
+            self.script_error(script, exc)
+            for item in items:
+                try:
+                    await read([item])
+                except ResponseError as exc_one:
+                    if not is_script_error(exc_one):
+                        raise
+                    self.script_error(script, exc_one, where(item))
 
     def failed(self, exc: BaseException, script: str, where: str = "") -> bool:
         """Account for a failed Redis call: a script error is counted (True); anything else marks Redis down

@@ -54,9 +54,8 @@ from admit.core.contract import Contract, ContractMeter
 from admit.core.gcra import Gcra
 from admit.gateway.admission import ADMISSION_UNAVAILABLE, Deferred
 from admit.gateway.config import RedisConfig
-from admit.gateway.redis.admission import AdmissionError, RedisAdmission, is_script_error
+from admit.gateway.redis.admission import AdmissionError, RedisAdmission
 from admit.gateway.redis.scripts import CONTRACT
-from redis.exceptions import ResponseError
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,20 +112,8 @@ class SharedContracts:
         ts = [t for t, c in enumerate(self.contracts) if c is not None]
         if not ts:
             return
-        try:
-            await self._read(ts)
-        except ResponseError as exc:
-            assert self._adm is not None
-            if not is_script_error(exc):
-                raise
-            self._adm.script_error("CONTRACT", exc)
-            for t in ts:
-                try:
-                    await self._read([t])
-                except ResponseError as exc_t:
-                    if not is_script_error(exc_t):
-                        raise
-                    self._adm.script_error("CONTRACT", exc_t, f"tenant {self.names[t]}")
+        assert self._adm is not None
+        await self._adm.read_each("CONTRACT", self._read, ts, lambda t: f"tenant {self.names[t]}")
         self.read_at = time.monotonic()
 
     async def _read(self, ts: list[int]) -> None:

@@ -63,7 +63,6 @@ from admit.gateway.redis.admission import AdmissionError, RedisAdmission, is_scr
 from admit.gateway.redis.contracts import Classified, SharedContracts
 from admit.gateway.redis.scripts import CHARGE_ACQUIRE, CONTRACT_ACQUIRE, GCRA, SET_ENVELOPE
 from pydantic import ValidationError
-from redis.exceptions import ResponseError
 
 log = logging.getLogger("admit.gateway.redis")
 _FREE = Charge(())
@@ -205,20 +204,9 @@ class SharedEnvelopeBook(EnvelopeBook):
         envelope, so that one envelope's broken key leaves the others' mirrors fresh."""
         envs = [env for envs in self._by_tenant.values() for env in envs.values()]
         if envs:
-            try:
-                await self._read_envs(envs)
-            except ResponseError as exc:
-                assert self._adm is not None
-                if not is_script_error(exc):
-                    raise
-                self._adm.script_error("GCRA", exc)
-                for env in envs:
-                    try:
-                        await self._read_envs([env])
-                    except ResponseError as exc_e:
-                        if not is_script_error(exc_e):
-                            raise
-                        self._adm.script_error("GCRA", exc_e, f"envelope {env.tenant}/{env.cfg.target}")
+            assert self._adm is not None
+            await self._adm.read_each("GCRA", self._read_envs, envs,
+                                      lambda env: f"envelope {env.tenant}/{env.cfg.target}")
         self.read_at = self._clock()
 
     async def _read_envs(self, envs: list[Envelope]) -> None:

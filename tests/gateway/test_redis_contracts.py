@@ -55,6 +55,13 @@ def _arrivals(rng: random.Random, c: Contract, n: int) -> tuple[list[float], lis
         p = rng.randint(1, k - 1)
         return p, k - p
 
+    def arrive(at: float, p: int, o: int) -> float:
+        meter.arrive(at, p, o)
+        times.append(at)
+        prompt.append(p)
+        out.append(o)
+        return at
+
     while len(times) < n:
         kind = rng.random()
         batch: list[float]
@@ -75,21 +82,11 @@ def _arrivals(rng: random.Random, c: Contract, n: int) -> tuple[list[float], lis
             step = 1.0 / g.rate
             edge = g.tat + q * step - max(step * g.burst, q * step)
             edge = rng.choice((edge, math.nextafter(edge, -math.inf), math.nextafter(edge, math.inf)))
-            at = max(edge, t)
-            meter.arrive(at, p, o)
-            times.append(at)
-            prompt.append(p)
-            out.append(o)
-            t = at
+            t = arrive(max(edge, t), p, o)
             continue
         for x in batch:
             p, o = size()
-            at = max(x, t)
-            meter.arrive(at, p, o)
-            times.append(at)
-            prompt.append(p)
-            out.append(o)
-            t = at
+            t = arrive(max(x, t), p, o)
     return times[:n], prompt[:n], out[:n]
 
 
