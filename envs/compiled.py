@@ -251,6 +251,16 @@ class CompiledSimulation:
                    self._zeros if contract_weights is None else contract_weights, self._ctaken)
         return self._out.copy(), vec, self._agg.tolist()
 
+    def vector_state(self, weights: np.ndarray, contract_weights: np.ndarray, offset: int) -> tuple:
+        """This world as one entry of ``kernels.vector_env_step``'s list: the state tuples, the buffers
+        ``env_step`` fills (this object's own, so ``last_limits``, ``last_counts`` and the totals read the same
+        after a vector step as after ``env_step``), a float32 vector for the observation, the reward weights and
+        the parameters (limit bounds, interval, horizon and the action's ``offset``)."""
+        params = np.array([self._lo, self._hi, self._interval_s, self._horizon_s, offset], dtype=np.float64)
+        return (self._E, self._S, self._arrivals, self._out, np.empty(self._out.shape[0], dtype=np.float32),
+                self._taken, self._interval, self._limits_buf, np.ascontiguousarray(weights, dtype=np.float64),
+                np.ascontiguousarray(contract_weights, dtype=np.float64), self._ctaken, self._agg, params)
+
     @property
     def contract_totals(self) -> np.ndarray:
         """Each tenant's in-contract requests so far: arrived, good, missed (rejected, dropped, or completed but
@@ -423,6 +433,13 @@ def warm() -> float:
     sim.set_limits([2] * sim.n_tenants)
     sim.step([0] * sim.n_tenants)
     sim.observe()
+    n = sim.n_tenants  # the vector env's kernels (envs/vector.py): a list of two worlds, one replaced, one step
+    state = sim.vector_state(np.ones(n), np.zeros(n), 1)
+    worlds = K.vector_worlds(state)
+    K.vector_append(worlds, state)
+    K.vector_set(worlds, 1, CompiledSimulation(sim.scenario, 1).vector_state(np.ones(n), np.zeros(n), 1))
+    K.vector_env_step(worlds, np.ones((2, n), dtype=np.int64), np.zeros((2, sim._out.shape[0]), dtype=np.float32),
+                      np.zeros((2, K.NAGG)), np.zeros((2, n), dtype=np.int64), np.ones(2, dtype=np.bool_))
     return time.perf_counter() - t0
 
 

@@ -7,6 +7,7 @@ and range; the docstring's Observation Space table is ``observation_table()``'s 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import gymnasium as gym
@@ -90,6 +91,35 @@ def observation_table() -> str:
     lines = ["| " + " | ".join(cell.ljust(w) for cell, w in zip(r, widths, strict=True)) + " |" for r in table]
     lines.insert(1, "|" + "|".join("-" * (w + 2) for w in widths) + "|")
     return "\n".join(lines)
+
+
+def reward_terms(w: Any, dt: Any, cost_scale: Any, counted: Sequence[Any], limit_sum: Any, changed: Any,
+                 contract_misses: Any = 0.0) -> dict[str, Any]:
+    """The reward's terms from an interval's (weighted) completions, good completions, violations and lost
+    requests (``counted``, in that order), the limits' sum, the sum of their absolute changes and the (weighted)
+    contract misses; ``w`` has ``RewardConfig``'s weights, ``dt`` is the interval and ``cost_scale`` tenants ×
+    ``limits.max``. Plain floats for one env; for envs/vector.py's worlds each argument may be an array with a
+    value per world (the same arithmetic in the same order, so the same numbers)."""
+    return {
+        "throughput": w.throughput * counted[0] / dt,
+        "goodput": w.goodput * counted[1] / dt,
+        "slo_violation": -w.slo_violation * counted[2] / dt,
+        "drop": -w.drop * counted[3] / dt,
+        "cost": -w.cost * limit_sum / cost_scale,
+        "change": -w.change * changed,
+        "contract_miss": -w.contract_miss * contract_misses / dt,
+    }
+
+
+def unresolved_misses(sim: World, cweights: np.ndarray, misses: float, weighted: float) -> tuple[float, float]:
+    """``misses`` and ``weighted`` (the last interval's contract misses, plain and times ``cweights``) with the
+    in-contract requests still queued or running at the horizon added: the episode's end counts them not good."""
+    ct = sim.contract_totals
+    for c, left in zip(cweights.tolist(), (ct[:, 0] - ct[:, 1] - ct[:, 2]).tolist(), strict=True):
+        if c != 0.0:
+            misses += left
+            weighted += c * left
+    return misses, weighted
 
 
 def contract_weights(scenario: Scenario) -> np.ndarray:
@@ -273,22 +303,25 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
 
     ## Vectorized environment
 
-    There is no vector env of its own (no ``vector_entry_point``): one step is a short run of the
-    event-driven simulation, not array arithmetic that batches across envs. Gymnasium's vectorizers work,
+    The ``-v1`` ids have a native vector env (``vector_entry_point``, envs/vector.py): N worlds, each its own
+    scenario and seed, stepped by one compiled call, with Gymnasium 1.x's next-step autoreset; world i's
+    episodes are bit-identical to a single env's seeded alike,
 
     ```python
-    >>> envs = gymnasium.make_vec("admit/TenantAdmission-seed-paper-v1", num_envs=2, vectorization_mode="sync")
+    >>> envs = gymnasium.make_vec("admit/TenantAdmission-seed-paper-v1", num_envs=2,
+    ...                           vectorization_mode="vector_entry_point")
     >>> envs
-    SyncVectorEnv(admit/TenantAdmission-seed-paper-v1, num_envs=2)
+    TenantAdmissionVectorEnv(admit/TenantAdmission-seed-paper-v1, num_envs=2)
     >>> envs.reset(seed=0)[0].shape
     (2, 59)
     >>> envs.close()
 
     ```
 
-    and so do SB3's ``DummyVecEnv`` and ``SubprocVecEnv``. ``admit train`` uses
-    ``admit.train.vec.BlockVecEnv``, which steps blocks of envs in worker processes: a step (~0.1 ms)
-    costs less than the pipe round trip a process per env would add.
+    and ``admit.train.vec.WorldsVecEnv`` runs it as an SB3 ``VecEnv``. Gymnasium's own vectorizers work
+    too (``vectorization_mode="sync"``: a SyncVectorEnv over single envs), and so do SB3's ``DummyVecEnv``
+    and ``SubprocVecEnv``. ``admit train`` uses ``admit.train.vec.BlockVecEnv``, which steps blocks of
+    envs in worker processes: a step (~0.1 ms) costs less than the pipe round trip a process per env would add.
 
     ## Version History
 
@@ -296,7 +329,8 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
       (layout 2: ``5 + 27·n``); actions, rewards and the simulated world are v0's. ``admit/TenantAdmission-v1``
       and ``admit/TenantAdmission-<scenario>-v1``. Later, the ``contract_miss`` term (``reward_terms`` always
       has it: −0.0 unless its weight is set and some tenant has a contract, so every reward is as it was)
-      and, where tenants have contracts, ``info["contract_misses"]``.
+      and, where tenants have contracts, ``info["contract_misses"]``; later still, the native vector env
+      (``vector_entry_point``), which changes nothing a single env does.
     * v0: Initial version (layout 1, ``3 + 17·n``), still registered as ``admit/TenantAdmission-v0`` and
       ``admit/TenantAdmission-<scenario>-v0`` (``layout=1``) for what was trained on it. Later additions
       changed none of its behaviour (spaces, rewards and trajectories are bit-identical): the
@@ -464,31 +498,13 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         return vec if self._select is None else vec[self._select], float(sum(terms.values())), False, truncated, info
 
     def _unresolved(self, sim: World, misses: float, weighted: float) -> tuple[float, float]:
-        """``misses`` and ``weighted`` (the last interval's contract misses, plain and weighted) with the in-contract
-        requests still queued or running at the horizon added: the episode's end counts them not good."""
-        ct = sim.contract_totals
-        for c, left in zip(self._cweights.tolist(), (ct[:, 0] - ct[:, 1] - ct[:, 2]).tolist(), strict=True):
-            if c != 0.0:
-                misses += left
-                weighted += c * left
-        return misses, weighted
+        return unresolved_misses(sim, self._cweights, misses, weighted)
 
     def _reward_terms(self, counted: tuple[float, ...], limit_sum: float,
                       changed: float, contract_misses: float = 0.0) -> dict[str, float]:
-        """The reward's terms from the interval's (weighted) completions, good completions, violations and lost
-        requests, the limits' sum, the sum of their absolute changes and the (weighted) contract misses."""
         sc = self.scenario
-        w = sc.reward
-        dt = sc.interval_s
-        return {
-            "throughput": w.throughput * counted[0] / dt,
-            "goodput": w.goodput * counted[1] / dt,
-            "slo_violation": -w.slo_violation * counted[2] / dt,
-            "drop": -w.drop * counted[3] / dt,
-            "cost": -w.cost * limit_sum / (self.n * sc.limits.max),
-            "change": -w.change * changed,
-            "contract_miss": -w.contract_miss * contract_misses / dt,
-        }
+        return reward_terms(sc.reward, sc.interval_s, self.n * sc.limits.max, counted, limit_sum, changed,
+                            contract_misses)
 
     @staticmethod
     def _info(terms: dict[str, float], limits: list[int], now: float, completions: int, lost: int, violations: int,

@@ -34,6 +34,7 @@ from typing import Any, TypeVar
 import numpy as np
 from admit.core.percentiles import linear_at
 from numba import njit
+from numba.typed import List
 
 F = TypeVar("F", bound=Callable[..., Any])
 _njit: Any = njit  # numba's stubs do not know _nrt
@@ -1616,3 +1617,55 @@ def contract_classify_all(t: np.ndarray, tenant: np.ndarray, cost: np.ndarray, r
             tat[k] = max(tat[k], now) + qty / r
         else:
             out[i] = False
+
+
+# ====================================================================================== many worlds
+# envs/vector.py's N worlds in one call. A world is the tuple ``CompiledSimulation.vector_state`` builds:
+# (E, S, arrivals, out, vec, taken, counts, limits, weights, cweights, ctaken, agg, params), params =
+# (lo, hi, interval, horizon, offset). The worlds sit in a numba typed List, which crosses into a compiled
+# call as one pointer: passing each world's two state tuples costs more than stepping a small world does.
+# Typed Lists are reference-counted, so this one kernel keeps numba's NRT on (``kernel`` turns it off).
+V_LO, V_HI, V_INTERVAL, V_HORIZON, V_OFFSET = range(5)
+NV = 5
+
+
+@_njit(cache=True)
+def vector_env_step(worlds, actions, obs, aggs, limits, active):
+    """``env_step`` for every world in ``worlds`` where ``active[w]`` (the others are not touched): world w takes
+    the row ``actions[w]`` (its first n entries, n its tenants); its observation vector goes to ``obs[w, :m]``
+    (m its length; the rest of the row is set to 0), its ``agg`` sums to ``aggs[w]`` and its new limits to
+    ``limits[w, :n]`` (the rest 0)."""
+    for w in range(len(worlds)):
+        if not active[w]:
+            continue
+        E, S, arrivals, out, vec, taken, counts, lim, weights, cweights, ctaken, agg, p = worlds[w]
+        env_step(E, S, arrivals, actions[w], int(p[V_OFFSET]), int(p[V_LO]), int(p[V_HI]), p[V_INTERVAL],
+                 p[V_HORIZON], weights, out, vec, taken, counts, lim, agg, cweights, ctaken)
+        m = vec.shape[0]
+        for j in range(obs.shape[1]):
+            obs[w, j] = vec[j] if j < m else np.float32(0.0)
+        for j in range(NAGG):
+            aggs[w, j] = agg[j]
+        n = lim.shape[0]
+        for j in range(limits.shape[1]):
+            limits[w, j] = lim[j] if j < n else 0
+
+
+@_njit(cache=True)
+def vector_worlds(first):
+    """A typed List of worlds holding ``first``: built by a cached kernel, not from Python, so a process pays
+    no compile for it (numba compiles the List's methods called from Python in every new process)."""
+    worlds = List()
+    worlds.append(first)
+    return worlds
+
+
+@_njit(cache=True)
+def vector_append(worlds, world):
+    worlds.append(world)
+
+
+@_njit(cache=True)
+def vector_set(worlds, i, world):
+    """World ``i`` of the list becomes ``world`` (a reset), by a cached kernel, as ``vector_worlds``."""
+    worlds[i] = world

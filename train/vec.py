@@ -251,3 +251,94 @@ class BlockVecEnv(VecEnv):
 
     def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
         return self._route(indices, "is_wrapped", wrapper_class)
+
+
+class WorldsVecEnv(VecEnv):
+    """The native vector env (admit.envs.vector: N compiled worlds, one kernel call a step) as an SB3 ``VecEnv``.
+
+    SB3's semantics, as ``DummyVecEnv`` over N ``TenantAdmissionEnv`` gives them: a world whose episode ends is
+    reset in the same step (without a seed: its own generator draws the next, as a single env's ``reset()``
+    does), its last observation in ``info["terminal_observation"]``, ``info["TimeLimit.truncated"]`` true (false
+    in every other step's info) and its
+    reset info in ``reset_infos``; ``seed()`` and ``set_options()`` apply at the next ``reset()``; rewards are
+    float32. Each world's info is the single env's dict (``TenantAdmissionEnv._info``, with ``contract_misses``
+    and ``episode_metrics`` where it has them), so the episodes, rewards and infos are those of the DummyVecEnv
+    (tests/train/test_worlds_vec_env.py). ``get_attr`` reads the vector env's attribute (``scenarios`` and
+    ``n_tenants`` per world); no world is wrapped."""
+
+    def __init__(self, venv: Any) -> None:
+        from admit.envs.vector import TenantAdmissionVectorEnv
+
+        if not isinstance(venv, TenantAdmissionVectorEnv):
+            raise ValueError(f"WorldsVecEnv runs a TenantAdmissionVectorEnv, got {type(venv).__name__}")
+        self.venv = venv
+        self._all = np.ones(venv.num_envs, dtype=np.bool_)
+        self._actions: np.ndarray | None = None
+        super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
+
+    def reset(self) -> VecEnvObs:
+        v = self.venv
+        if any(o for o in self._options):
+            raise ValueError("WorldsVecEnv takes no reset options")
+        seeds = self._seeds if any(s is not None for s in self._seeds) else None
+        _, infos = v.reset(seed=seeds)
+        for i in range(self.num_envs):
+            self.reset_infos[i] = {"episode_seed": int(infos["episode_seed"][i]),
+                                   "limits": infos["limits"][i, :v.n_tenants[i]].tolist(), "time_s": 0.0}
+        self._reset_seeds()
+        self._reset_options()
+        return v._obs.copy()
+
+    def step_async(self, actions: np.ndarray) -> None:
+        self._actions = self.venv._actions(actions)
+
+    def step_wait(self) -> VecEnvStepReturn:
+        from admit.envs import kernels as K
+        from admit.envs.env import TenantAdmissionEnv
+
+        v, actions = self.venv, self._actions
+        assert actions is not None, "step_wait() without step_async()"
+        self._actions = None
+        obs, terms, reward, ended, (done, misses) = v.step_worlds(actions, self._all)
+        g = v._aggs
+        keys = list(terms)
+        rows = list(zip(*(terms[k].tolist() for k in keys), strict=True))
+        limits, sizes = v._limits.tolist(), v.n_tenants.tolist()
+        now, p99 = g[:, K.G_NOW].tolist(), g[:, K.G_P99].tolist()
+        comp, lost, viol = (g[:, c].astype(np.int64).tolist() for c in (K.G_COMPLETED, K.G_LOST, K.G_VIOL))
+        cm, miss = v._contracts.tolist(), misses.tolist()
+        infos = []
+        for i in range(self.num_envs):
+            info = TenantAdmissionEnv._info(dict(zip(keys, rows[i], strict=True)), limits[i][:sizes[i]], now[i],
+                                            comp[i], lost[i], viol[i], p99[i])
+            if cm[i]:
+                info["contract_misses"] = miss[i]
+            info["TimeLimit.truncated"] = False  # as DummyVecEnv: truncated and not terminated (never terminated)
+            infos.append(info)
+        out = obs.copy()
+        for i in np.flatnonzero(ended).tolist():
+            info = infos[i]
+            if done[i]:
+                info["episode_metrics"] = v.world(i).summary()
+            info["TimeLimit.truncated"] = True
+            info["terminal_observation"] = out[i].copy()
+            self.reset_infos[i] = v._reset_world(i, None)
+            out[i] = v._obs[i]
+        return out, reward.astype(np.float32), ended.copy(), infos
+
+    def close(self) -> None:
+        self.venv.close()
+
+    def get_attr(self, attr_name: str, indices: VecEnvIndices = None) -> list[Any]:
+        value = getattr(self.venv, attr_name)
+        per_world = attr_name in ("scenarios", "n_tenants")
+        return [value[i] if per_world else value for i in self._get_indices(indices)]
+
+    def set_attr(self, attr_name: str, value: Any, indices: VecEnvIndices = None) -> None:
+        raise AttributeError(f"WorldsVecEnv cannot set {attr_name!r} per world; set it on the vector env")
+
+    def env_method(self, method_name: str, *method_args: Any, indices: VecEnvIndices = None, **method_kwargs: Any):
+        raise AttributeError(f"WorldsVecEnv has no per-world env to call {method_name!r} on")
+
+    def env_is_wrapped(self, wrapper_class: type[gym.Wrapper], indices: VecEnvIndices = None) -> list[bool]:
+        return [False for _ in self._get_indices(indices)]
