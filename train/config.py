@@ -11,7 +11,8 @@ a bad key or value raises ``TrainConfigError`` naming the key and what is allowe
     timesteps: 200000
     n_envs: 4
     seed: 0
-    vec_env: dummy        # dummy | subproc | block (admit.train.vec: envs in blocks, trainer + vec_workers)
+    vec_env: dummy        # dummy | subproc | block (admit.train.vec: envs in blocks, trainer + vec_workers) |
+                          # worlds (admit.envs.vector: every env in one kernel call; mlp policy, one scenario)
     vec_workers: 1
     update_threads: 2     # optional: torch threads for the PPO update (the rollout keeps torch_threads: 1)
     hyperparams: {n_steps: 512, batch_size: 256, n_epochs: 5, learning_rate: 0.0003}
@@ -204,7 +205,7 @@ class TrainConfig(StrictModel):
     timesteps: int = Field(default=100_000, ge=0, description="PPO env steps (0: imitation only)")
     n_envs: int = Field(default=4, ge=1, le=256)
     seed: int = Field(default=0, ge=0, le=1_000_000)
-    vec_env: Literal["dummy", "subproc", "block"] = "dummy"
+    vec_env: Literal["dummy", "subproc", "block", "worlds"] = "dummy"
     vec_workers: int = Field(
         default=1, ge=0, le=16, description="vec_env block: worker processes besides the trainer's own block"
     )

@@ -45,7 +45,7 @@ from admit.train.callbacks import (
 )
 from admit.train.config import TrainConfig, write_config
 from admit.train.imitation import imitate
-from admit.train.vec import BlockVecEnv
+from admit.train.vec import BlockVecEnv, WorldsVecEnv
 from admit.train.worlds import Paired, SetEnv, Split, Worlds, search_pool, with_reward
 from admit.train.wrappers import MakeEnv, MakeSetEnv, train_episode_seed_base
 from stable_baselines3 import A2C, DQN, PPO, SAC
@@ -96,9 +96,11 @@ def make_vec_env(cfg: TrainConfig, scenario: Scenario | None) -> VecNormalize:
     """The training envs: n_envs seeded envs → VecMonitor → VecNormalize (obs and, if set, reward)."""
     fns = [
         _factory(cfg, scenario, "train", train_episode_seed_base(cfg.seed, i), cfg.n_envs) for i in range(cfg.n_envs)
-    ]
+    ] if cfg.vec_env != "worlds" else []
     venv: VecEnv
-    if cfg.vec_env == "block":
+    if cfg.vec_env == "worlds":
+        venv = _worlds_vec_env(cfg, scenario)
+    elif cfg.vec_env == "block":
         venv = BlockVecEnv(fns, workers=min(cfg.vec_workers, cfg.n_envs - 1))
     elif cfg.vec_env == "subproc" and cfg.n_envs > 1:
         venv = SubprocVecEnv(fns)
@@ -108,6 +110,20 @@ def make_vec_env(cfg: TrainConfig, scenario: Scenario | None) -> VecNormalize:
     return VecNormalize(
         VecMonitor(venv), norm_obs=_norm_obs(cfg), norm_reward=n.reward, clip_obs=n.clip_obs, gamma=_gamma(cfg)
     )
+
+
+def _worlds_vec_env(cfg: TrainConfig, scenario: Scenario | None) -> VecEnv:
+    """``vec_env: worlds``: the n_envs worlds in one native vector env (admit.envs.vector), with the episode seeds
+    the other runners' EpisodeSeeds give, so a run trains as it does on ``dummy``."""
+    from admit.envs.vector import TenantAdmissionVectorEnv
+
+    kind = ACTION_KIND[cfg.algo]
+    if cfg.policy.kind != "mlp" or scenario is None or kind != "multidiscrete":
+        raise ValueError(f"vec_env: worlds runs the env's own MultiDiscrete action on one scenario (policy.kind mlp, "
+                         f"an algo whose action is multidiscrete); this config has policy.kind "
+                         f"{cfg.policy.kind!r}, action {kind!r}{'' if scenario else ', a family'}: use dummy or block")
+    bases = [train_episode_seed_base(cfg.seed, i) for i in range(cfg.n_envs)]
+    return WorldsVecEnv(TenantAdmissionVectorEnv(cfg.n_envs, scenario), bases, cfg.n_envs)
 
 
 def _norm_obs(cfg: TrainConfig) -> bool:

@@ -263,15 +263,23 @@ class WorldsVecEnv(VecEnv):
     reset info in ``reset_infos``; ``seed()`` and ``set_options()`` apply at the next ``reset()``; rewards are
     float32. Each world's info is the single env's dict (``TenantAdmissionEnv._info``, with ``contract_misses``
     and ``episode_metrics`` where it has them), so the episodes, rewards and infos are those of the DummyVecEnv
-    (tests/train/test_worlds_vec_env.py). ``get_attr`` reads the vector env's attribute (``scenarios`` and
-    ``n_tenants`` per world); no world is wrapped."""
+    (tests/train/test_worlds_vec_env.py). ``seed_bases`` (one per world) gives each world the episode seeds of
+    admit.train.wrappers.EpisodeSeeds: world i's episode j runs seed ``seed_bases[i] + seed_stride·j``, whatever
+    ``seed()`` says, as ``admit train`` seeds its envs. ``get_attr`` reads the vector env's attribute
+    (``scenarios`` and ``n_tenants`` per world); no world is wrapped."""
 
-    def __init__(self, venv: Any) -> None:
+    def __init__(self, venv: Any, seed_bases: Sequence[int] | None = None, seed_stride: int = 1) -> None:
         from admit.envs.vector import TenantAdmissionVectorEnv
 
         if not isinstance(venv, TenantAdmissionVectorEnv):
             raise ValueError(f"WorldsVecEnv runs a TenantAdmissionVectorEnv, got {type(venv).__name__}")
+        if seed_bases is not None and (len(seed_bases) != venv.num_envs or min(seed_bases) < 0 or seed_stride < 1):
+            raise ValueError(f"seed_bases needs one base >= 0 per world ({venv.num_envs}) and seed_stride >= 1, got "
+                             f"{len(seed_bases)} bases, stride {seed_stride}")
         self.venv = venv
+        self._bases = None if seed_bases is None else [int(b) for b in seed_bases]
+        self._stride = int(seed_stride)
+        self._episode = [0] * venv.num_envs
         self._all = np.ones(venv.num_envs, dtype=np.bool_)
         self._actions: np.ndarray | None = None
         super().__init__(venv.num_envs, venv.single_observation_space, venv.single_action_space)
@@ -280,7 +288,10 @@ class WorldsVecEnv(VecEnv):
         v = self.venv
         if any(o for o in self._options):
             raise ValueError("WorldsVecEnv takes no reset options")
-        seeds = self._seeds if any(s is not None for s in self._seeds) else None
+        seeds: list[int | None] | None = self._seeds if any(s is not None for s in self._seeds) else None
+        if self._bases is not None:
+            self._episode = [0] * self.num_envs
+            seeds = [self._next_seed(i) for i in range(self.num_envs)]
         _, infos = v.reset(seed=seeds)
         for i in range(self.num_envs):
             self.reset_infos[i] = {"episode_seed": int(infos["episode_seed"][i]),
@@ -288,6 +299,13 @@ class WorldsVecEnv(VecEnv):
         self._reset_seeds()
         self._reset_options()
         return v._obs.copy()
+
+    def _next_seed(self, i: int) -> int | None:
+        if self._bases is None:
+            return None
+        seed = self._bases[i] + self._stride * self._episode[i]
+        self._episode[i] += 1
+        return seed
 
     def step_async(self, actions: np.ndarray) -> None:
         self._actions = self.venv._actions(actions)
@@ -322,7 +340,7 @@ class WorldsVecEnv(VecEnv):
                 info["episode_metrics"] = v.world(i).summary()
             info["TimeLimit.truncated"] = True
             info["terminal_observation"] = out[i].copy()
-            self.reset_infos[i] = v._reset_world(i, None)
+            self.reset_infos[i] = v._reset_world(i, self._next_seed(i))
             out[i] = v._obs[i]
         return out, reward.astype(np.float32), ended.copy(), infos
 

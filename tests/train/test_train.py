@@ -129,7 +129,7 @@ def test_policy_prefix_must_match_the_trained_algorithm(runs: dict[str, Path]) -
         ("hyperparams: {n_stepz: 5}", "hyperparams.n_stepz: unknown key for algo 'ppo'; allowed: learning_rate"),
         ("hyperparams: {gamma: 1.5}", "hyperparams.gamma: Input should be less than or equal to 1"),
         ("n_envs: 0", "n_envs: Input should be greater than or equal to 1"),
-        ("vec_env: threads", "vec_env: Input should be 'dummy', 'subproc' or 'block'"),
+        ("vec_env: threads", "vec_env: Input should be 'dummy', 'subproc', 'block' or 'worlds'"),
         ("vec_workers: -1", "vec_workers: Input should be greater than or equal to 0"),
         ("evaluation: {freq: 5}", "evaluation: unknown key; allowed: algo, scenario"),
         ("eval: {every: 5}", "eval.every: unknown key; allowed: freq, episodes, seed_base"),
@@ -156,7 +156,7 @@ def test_bad_command_line_values_name_the_option(tmp_path: Path) -> None:
     result = CliRunner().invoke(app, ["train", "--scenario", "nope", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and "unknown scenario 'nope'" in result.output
     result = CliRunner().invoke(app, ["train", "--vec-env", "threads", "--out", str(tmp_path / "r")])
-    assert result.exit_code == 2 and "vec_env: Input should be 'dummy', 'subproc' or 'block'" in result.output
+    assert result.exit_code == 2 and "vec_env: Input should be 'dummy', 'subproc', 'block' or 'worlds'" in result.output
     result = CliRunner().invoke(app, ["train", "--set", "hyperparams.n_stepz=5", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and "hyperparams.n_stepz: unknown key for algo 'ppo'" in result.output
     result = CliRunner().invoke(app, ["train", "--set", "n_envs", "--out", str(tmp_path / "r")])
@@ -252,20 +252,30 @@ def test_same_seed_same_parameters(tmp_path: Path) -> None:
     assert np.array_equal(norms[0].obs_rms.var, norms[1].obs_rms.var)
 
 
-def test_block_vec_env_trains_the_same_parameters_as_dummy(tmp_path: Path) -> None:
-    """Where an env is stepped (trainer or worker process) changes nothing: same seed, same parameters."""
+def test_block_and_worlds_vec_envs_train_the_same_parameters_as_dummy(tmp_path: Path) -> None:
+    """Where an env is stepped (trainer or worker process, or every world in one kernel call) changes nothing:
+    same seed, same parameters, across the autoresets (50 decisions an episode, 128 steps per env)."""
     scenario = str(short_scenario(tmp_path))
     common = {"scenario": scenario, "timesteps": 384, "n_envs": 3, "seed": 4, "eval": {"freq": 0}, "checkpoint_freq": 0}
     hp = {"hyperparams": {"n_steps": 64, "batch_size": 64, "n_epochs": 2}, "policy": {"net_arch": [16, 16]}}
-    runs = {"dummy": {"vec_env": "dummy"}, "block": {"vec_env": "block", "vec_workers": 1}}
+    runs = {"dummy": {"vec_env": "dummy"}, "block": {"vec_env": "block", "vec_workers": 1},
+            "worlds": {"vec_env": "worlds"}}
     for name, vec in runs.items():
         summary = train(load_config(None, **common, **hp, **vec), tmp_path / name, progress=False)
         assert summary["vec_env"] == vec["vec_env"] and summary["timesteps"] == 384
-    a, b = _params(tmp_path / "dummy"), _params(tmp_path / "block")
-    assert all(torch.equal(a[k], b[k]) for k in a)
-    norms = [pickle.loads((tmp_path / n / "vecnormalize.pkl").read_bytes()) for n in runs]
-    assert np.array_equal(norms[0].obs_rms.var, norms[1].obs_rms.var)
-    assert np.array_equal(norms[0].ret_rms.var, norms[1].ret_rms.var)
+    a = _params(tmp_path / "dummy")
+    norms = {n: pickle.loads((tmp_path / n / "vecnormalize.pkl").read_bytes()) for n in runs}
+    for other in ("block", "worlds"):
+        b = _params(tmp_path / other)
+        assert all(torch.equal(a[k], b[k]) for k in a), other
+        assert np.array_equal(norms["dummy"].obs_rms.var, norms[other].obs_rms.var), other
+        assert np.array_equal(norms["dummy"].ret_rms.var, norms[other].ret_rms.var), other
+
+
+def test_worlds_vec_env_refuses_what_it_cannot_run(tmp_path: Path) -> None:
+    cfg = load_config(None, scenario="seed-paper", algo="dqn", vec_env="worlds", n_envs=2)
+    with pytest.raises(ValueError, match="vec_env: worlds runs the env's own MultiDiscrete action.*'discrete'"):
+        make_vec_env(cfg, load_scenario("seed-paper"))
 
 
 def test_training_episodes_never_use_evaluation_seeds(tmp_path: Path) -> None:
