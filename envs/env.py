@@ -111,6 +111,21 @@ def reward_terms(w: Any, dt: Any, cost_scale: Any, counted: Sequence[Any], limit
     }
 
 
+def step_info(terms: dict[str, float], limits: list[int], now: float, completions: int, lost: int, violations: int,
+              p99: float) -> dict[str, Any]:
+    """A step's info dict (the keys the class docstring lists; ``contract_misses`` and ``episode_metrics`` are
+    added where they apply)."""
+    return {
+        "reward_terms": terms,
+        "limits": limits,
+        "time_s": now,
+        "completions": completions,
+        "drops": lost,
+        "slo_violations": violations,
+        "p99_s": p99,
+    }
+
+
 def unresolved_misses(sim: World, cweights: np.ndarray, misses: float, weighted: float) -> tuple[float, float]:
     """``misses`` and ``weighted`` (the last interval's contract misses, plain and times ``cweights``) with the
     in-contract requests still queued or running at the horizon added: the episode's end counts them not good."""
@@ -459,7 +474,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
             misses, weighted = self._unresolved(sim, misses, weighted)
         terms = self._reward_terms(counted, sum(limits), changed, weighted)
         values = self._observe()
-        info = self._info(terms, limits, sim.now, completions, lost, violations,
+        info = step_info(terms, limits, sim.now, completions, lost, violations,
                           float(max(values[j] for j in self._p99_index)))
         if self._contracts:
             info["contract_misses"] = misses
@@ -489,7 +504,7 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
                                    g[K.G_LIMIT_SUM], g[K.G_CHANGE], weighted)
         now = g[K.G_NOW]
         self._values, self._values_time, self._observation = values, now, None
-        info = self._info(terms, sim.last_limits, now, int(g[K.G_COMPLETED]), int(g[K.G_LOST]), int(g[K.G_VIOL]),
+        info = step_info(terms, sim.last_limits, now, int(g[K.G_COMPLETED]), int(g[K.G_LOST]), int(g[K.G_VIOL]),
                           g[K.G_P99])
         if self._contracts:
             info["contract_misses"] = misses
@@ -505,16 +520,3 @@ class TenantAdmissionEnv(gym.Env[np.ndarray, np.ndarray]):
         sc = self.scenario
         return reward_terms(sc.reward, sc.interval_s, self.n * sc.limits.max, counted, limit_sum, changed,
                             contract_misses)
-
-    @staticmethod
-    def _info(terms: dict[str, float], limits: list[int], now: float, completions: int, lost: int, violations: int,
-              p99: float) -> dict[str, Any]:
-        return {
-            "reward_terms": terms,
-            "limits": limits,
-            "time_s": now,
-            "completions": completions,
-            "drops": lost,
-            "slo_violations": violations,
-            "p99_s": p99,
-        }

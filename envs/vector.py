@@ -5,7 +5,7 @@ Each world is a ``CompiledSimulation`` with its own scenario and seed; one ``ste
 runs its interval, observes it and sums what its reward needs in ``kernels.vector_env_step``, one compiled
 call for all N (the worlds cross into it as one typed List, so the per-world cost of a call, which is most of
 a small world's step, is paid once). The rewards, the info and the resets use the single env's own functions
-(envs/env.py ``reward_terms``, ``unresolved_misses``, ``TenantAdmissionEnv._info``), so world i's episodes are
+(envs/env.py ``reward_terms``, ``unresolved_misses``, ``step_info``), so world i's episodes are
 bit-identical to those of a ``TenantAdmissionEnv`` seeded alike: the same observations, rewards, truncations and
 info values (tests/envs/test_vector_env.py against ``SyncVectorEnv`` and against single envs).
 
@@ -28,7 +28,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from types import SimpleNamespace
-from typing import Any
+from typing import Any, NamedTuple
 
 import gymnasium as gym
 import numpy as np
@@ -50,6 +50,19 @@ except ImportError:  # pragma: no cover
 
 SEED_MAX = 2**31 - 1  # a single env's reset draws an episode seed below it (TenantAdmissionEnv.reset)
 _REWARD_FIELDS = ("throughput", "goodput", "slo_violation", "drop", "cost", "change", "contract_miss")
+
+
+class WorldsStep(NamedTuple):
+    """What ``step_worlds`` gives: arrays with a row per world (rows of inactive worlds as they were, or 0)."""
+
+    obs: np.ndarray  # (N, 5 + 27·n_max) float32: the env's own buffer, overwritten by the next step or reset
+    terms: dict[str, np.ndarray]  # each reward term, float64
+    reward: np.ndarray  # their sum, float64
+    ended: np.ndarray  # bool: the episode ended (the horizon, or max_episode_steps)
+    at_horizon: np.ndarray  # bool: it ended at the horizon (the info then has episode_metrics)
+    contract_misses: np.ndarray  # float64: the info's contract_misses (unfinished ones added at the horizon)
+    aggs: np.ndarray  # (N, kernels.NAGG): each world's env_step sums (kernels.G_*)
+    limits: np.ndarray  # (N, n_max) int64: the limits set (0 past a world's tenants)
 
 
 def _scenarios(scenario: str | Scenario | Sequence[str | Scenario], num_envs: int) -> list[Scenario]:
@@ -102,6 +115,7 @@ class TenantAdmissionVectorEnv(gym.vector.VectorEnv):
         n = self.num_envs
         self._sims: list[CompiledSimulation | None] = [None] * n
         self._worlds: Any = None  # the kernel's typed List, built at the first reset
+        self._first: list[Any] = [None] * n  # the worlds' states until then
         self._rngs: list[np.random.Generator | None] = [None] * n
         self._obs = np.zeros((n, size), dtype=np.float32)
         self._aggs = np.zeros((n, K.NAGG))
@@ -122,7 +136,7 @@ class TenantAdmissionVectorEnv(gym.vector.VectorEnv):
         self._weights = [np.array([tc.weight if sc.reward.tenant_weights else 1.0 for tc in sc.tenants])
                          for sc in scs]
         self._cweights = [contract_weights(sc) for sc in scs]
-        self._contracts = np.array([sc.has_contracts for sc in scs], dtype=np.bool_)
+        self.has_contracts = np.array([sc.has_contracts for sc in scs], dtype=np.bool_)
 
     def __repr__(self) -> str:
         spec = getattr(self, "spec", None)
@@ -141,7 +155,7 @@ class TenantAdmissionVectorEnv(gym.vector.VectorEnv):
         self.n_tenants[i] = len(sc.tenants)
         self._set_reward_arrays()
 
-    def _reset_world(self, i: int, seed: int | None) -> dict[str, Any]:
+    def reset_world(self, i: int, seed: int | None) -> dict[str, Any]:
         """World i's ``TenantAdmissionEnv.reset(seed=seed)``: its observation into row i; returns its info."""
         if seed is not None:
             self._rngs[i], _ = seeding.np_random(int(seed))
@@ -156,7 +170,9 @@ class TenantAdmissionVectorEnv(gym.vector.VectorEnv):
         sim = CompiledSimulation(sc, episode_seed)
         self._sims[i] = sim
         state = sim.vector_state(self._weights[i], self._cweights[i], self.k)
-        if self._worlds is not None:
+        if self._worlds is None:
+            self._first[i] = state
+        else:
             K.vector_set(self._worlds, i, state)
         vec = vector_from_values(sim.observe_values())
         self._obs[i, :vec.shape[0]] = vec
@@ -190,17 +206,17 @@ class TenantAdmissionVectorEnv(gym.vector.VectorEnv):
                 raise ValueError("the first reset must reset every world (options['reset_mask'] all True)")
         infos: dict[str, Any] = {}
         for i in np.flatnonzero(mask).tolist():
-            self._add(infos, i, self._reset_world(i, seeds[i]))
-        if self._worlds is None:
-            states = [s.vector_state(w, c, self.k) for s, w, c in  # type: ignore[union-attr]
-                      zip(self._sims, self._weights, self._cweights, strict=True)]
-            self._worlds = K.vector_worlds(states[0])
-            for state in states[1:]:
+            self._add(infos, i, self.reset_world(i, seeds[i]))
+        if self._worlds is None:  # the first reset reset every world
+            self._worlds = K.vector_worlds(self._first[0])
+            for state in self._first[1:]:
                 K.vector_append(self._worlds, state)
+            self._first = []
         self._ever_reset = True
         return self._obs.copy(), infos
 
-    def _actions(self, actions: Any) -> np.ndarray:
+    def check_actions(self, actions: Any) -> np.ndarray:
+        """``actions`` as the kernel takes them (int64, C order), or a ValueError saying what is allowed."""
         shape = (self.num_envs, self.n_max)
         top = 2 * self.k
         allowed = (f"an integer array of shape {shape} with values in 0..{top} (delta = value − {self.k}; entries "
@@ -222,13 +238,10 @@ class TenantAdmissionVectorEnv(gym.vector.VectorEnv):
             raise ValueError(f"actions[{bad[0]}, {bad[1]}] = {a[bad[0], bad[1]]} is out of range; expected {allowed}")
         return np.ascontiguousarray(a)
 
-    def step_worlds(self, actions: np.ndarray, active: np.ndarray) -> tuple[
-            np.ndarray, dict[str, np.ndarray], np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-        """One interval of every world in ``active`` (the others left as they are), in one kernel call: the
-        observations (this env's buffer; rows of inactive worlds unchanged), the reward terms and reward per
-        world (0 where inactive), whether each world's episode ended (the horizon, or ``max_episode_steps``)
-        and, last, which ended at the horizon and the in-contract misses the info carries. The worlds' other info
-        values are in ``_aggs`` and ``_limits``."""
+    def step_worlds(self, actions: np.ndarray, active: np.ndarray) -> WorldsStep:
+        """One interval of every world in ``active`` (the others left as they are; their reward 0), in one kernel
+        call, with no autoreset: ``step`` and admit.train.vec.WorldsVecEnv each reset the ended worlds their
+        way. ``actions`` as ``check_actions`` returns them."""
         if self._worlds is None:
             raise RuntimeError("call reset() before step()")
         self._active[:] = active
@@ -236,7 +249,7 @@ class TenantAdmissionVectorEnv(gym.vector.VectorEnv):
         g = self._aggs
         misses, weighted = g[:, K.G_CMISS].copy(), g[:, K.G_W_CMISS].copy()
         done = active & (g[:, K.G_NOW] >= self._horizon - END_EPS_S)
-        for i in np.flatnonzero(done & self._contracts).tolist():
+        for i in np.flatnonzero(done & self.has_contracts).tolist():
             sim = self._sims[i]
             assert sim is not None
             misses[i], weighted[i] = unresolved_misses(sim, self._cweights[i], float(misses[i]), float(weighted[i]))
@@ -251,21 +264,21 @@ class TenantAdmissionVectorEnv(gym.vector.VectorEnv):
         ended = done.copy()
         if self.max_episode_steps is not None:
             ended |= active & (self._steps >= self.max_episode_steps)
-        return self._obs, terms, reward, ended, (done, misses)
+        return WorldsStep(self._obs, terms, reward, ended, done, misses, self._aggs, self._limits)
 
     def step(self, actions: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, dict[str, Any]]:
-        a = self._actions(actions)
+        a = self.check_actions(actions)
         resetting = self._ended.copy()
-        obs, terms, reward, ended, (done, misses) = self.step_worlds(a, ~resetting)
+        r = self.step_worlds(a, ~resetting)
         infos: dict[str, Any] = {}
         stepped = ~resetting
         if stepped.any():
-            self._add_step_infos(infos, stepped, terms, misses, done)
+            self._add_step_infos(infos, stepped, r.terms, r.contract_misses, r.at_horizon)
         for i in np.flatnonzero(resetting).tolist():
-            self._add(infos, i, self._reset_world(i, None))
-        self._ended = ended
+            self._add(infos, i, self.reset_world(i, None))
+        self._ended = r.ended
         terminated = np.zeros(self.num_envs, dtype=np.bool_)
-        return obs.copy(), reward, terminated, ended.copy(), infos
+        return r.obs.copy(), r.reward, terminated, r.ended.copy(), infos
 
     # ------------------------------------------------------------------ infos
     def _add_step_infos(self, infos: dict[str, Any], stepped: np.ndarray, terms: dict[str, np.ndarray],
@@ -287,7 +300,7 @@ class TenantAdmissionVectorEnv(gym.vector.VectorEnv):
             if some_idle:
                 v[idle] = 0
             infos[key], infos[f"_{key}"] = v, stepped.copy()
-        cm = stepped & self._contracts
+        cm = stepped & self.has_contracts
         if cm.any():
             infos["contract_misses"], infos["_contract_misses"] = np.where(cm, misses, 0.0), cm
         for i in np.flatnonzero(done).tolist():
@@ -323,6 +336,11 @@ class TenantAdmissionVectorEnv(gym.vector.VectorEnv):
         if sim is None:
             raise RuntimeError("call reset() first")
         return sim
+
+    @property
+    def obs(self) -> np.ndarray:
+        """The last observations (the env's buffer: copy what you keep)."""
+        return self._obs
 
     def close_extras(self, **kwargs: Any) -> None:
         self._worlds = None

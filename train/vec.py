@@ -261,7 +261,7 @@ class WorldsVecEnv(VecEnv):
     does), its last observation in ``info["terminal_observation"]``, ``info["TimeLimit.truncated"]`` true (false
     in every other step's info) and its
     reset info in ``reset_infos``; ``seed()`` and ``set_options()`` apply at the next ``reset()``; rewards are
-    float32. Each world's info is the single env's dict (``TenantAdmissionEnv._info``, with ``contract_misses``
+    float32. Each world's info is the single env's dict (envs/env.py ``step_info``, with ``contract_misses``
     and ``episode_metrics`` where it has them), so the episodes, rewards and infos are those of the DummyVecEnv
     (tests/train/test_worlds_vec_env.py). ``seed_bases`` (one per world) gives each world the episode seeds of
     admit.train.wrappers.EpisodeSeeds: world i's episode j runs seed ``seed_bases[i] + seed_stride·j``, whatever
@@ -298,7 +298,7 @@ class WorldsVecEnv(VecEnv):
                                    "limits": infos["limits"][i, :v.n_tenants[i]].tolist(), "time_s": 0.0}
         self._reset_seeds()
         self._reset_options()
-        return v._obs.copy()
+        return v.obs.copy()
 
     def _next_seed(self, i: int) -> int | None:
         if self._bases is None:
@@ -308,41 +308,41 @@ class WorldsVecEnv(VecEnv):
         return seed
 
     def step_async(self, actions: np.ndarray) -> None:
-        self._actions = self.venv._actions(actions)
+        self._actions = self.venv.check_actions(actions)
 
     def step_wait(self) -> VecEnvStepReturn:
         from admit.envs import kernels as K
-        from admit.envs.env import TenantAdmissionEnv
+        from admit.envs.env import step_info
 
         v, actions = self.venv, self._actions
         assert actions is not None, "step_wait() without step_async()"
         self._actions = None
-        obs, terms, reward, ended, (done, misses) = v.step_worlds(actions, self._all)
-        g = v._aggs
-        keys = list(terms)
-        rows = list(zip(*(terms[k].tolist() for k in keys), strict=True))
-        limits, sizes = v._limits.tolist(), v.n_tenants.tolist()
+        r = v.step_worlds(actions, self._all)
+        g = r.aggs
+        keys = list(r.terms)
+        rows = list(zip(*(r.terms[k].tolist() for k in keys), strict=True))
+        limits, sizes = r.limits.tolist(), v.n_tenants.tolist()
         now, p99 = g[:, K.G_NOW].tolist(), g[:, K.G_P99].tolist()
         comp, lost, viol = (g[:, c].astype(np.int64).tolist() for c in (K.G_COMPLETED, K.G_LOST, K.G_VIOL))
-        cm, miss = v._contracts.tolist(), misses.tolist()
+        cm, miss = v.has_contracts.tolist(), r.contract_misses.tolist()
         infos = []
         for i in range(self.num_envs):
-            info = TenantAdmissionEnv._info(dict(zip(keys, rows[i], strict=True)), limits[i][:sizes[i]], now[i],
-                                            comp[i], lost[i], viol[i], p99[i])
+            info = step_info(dict(zip(keys, rows[i], strict=True)), limits[i][:sizes[i]], now[i], comp[i], lost[i],
+                             viol[i], p99[i])
             if cm[i]:
                 info["contract_misses"] = miss[i]
             info["TimeLimit.truncated"] = False  # as DummyVecEnv: truncated and not terminated (never terminated)
             infos.append(info)
-        out = obs.copy()
-        for i in np.flatnonzero(ended).tolist():
+        out = r.obs.copy()
+        for i in np.flatnonzero(r.ended).tolist():
             info = infos[i]
-            if done[i]:
+            if r.at_horizon[i]:
                 info["episode_metrics"] = v.world(i).summary()
             info["TimeLimit.truncated"] = True
             info["terminal_observation"] = out[i].copy()
-            self.reset_infos[i] = v._reset_world(i, self._next_seed(i))
-            out[i] = v._obs[i]
-        return out, reward.astype(np.float32), ended.copy(), infos
+            self.reset_infos[i] = v.reset_world(i, self._next_seed(i))
+            out[i] = v.obs[i]
+        return out, r.reward.astype(np.float32), r.ended.copy(), infos
 
     def close(self) -> None:
         self.venv.close()

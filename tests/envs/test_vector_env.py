@@ -141,6 +141,25 @@ def test_reset_mask_resets_only_the_worlds_masked() -> None:
     assert info["_episode_seed"].tolist() == [False, True, False] and info["episode_seed"][1] == 7
 
 
+def test_a_world_takes_another_scenario_at_its_next_reset() -> None:
+    """``set_scenario`` (how a family's worlds will draw instances): the world's next episode is the new
+    scenario's, its reward and info follow it; one with more tenants than the env was laid out for is refused."""
+    env = TenantAdmissionVectorEnv(num_envs=2, scenario=[_short("servegen-skewed"), _short("h200-mixed")])
+    env.reset(seed=0)
+    env.set_scenario(1, _short("h200-azure-2023"))
+    obs, info = env.reset(seed=[None, 9], options={"reset_mask": np.array([False, True])})
+    single = TenantAdmissionEnv(scenario=_short("h200-azure-2023"))
+    expect, _ = single.reset(seed=9)
+    assert env.n_tenants.tolist() == [8, 2]
+    assert np.array_equal(obs[1, :expect.shape[0]], expect) and not obs[1, expect.shape[0]:].any()
+    a = np.full((2, 8), 4, dtype=np.int64)
+    _, rew, _, _, infos = env.step(a)
+    _, r, _, _, i1 = single.step(a[1, :2])
+    assert rew[1] == r and infos["limits"][1, :2].tolist() == i1["limits"] and not infos["limits"][1, 2:].any()
+    with pytest.raises(ValueError, match="8 tenants; this env takes max_step 4 and at most 3 tenants"):
+        TenantAdmissionVectorEnv(num_envs=1, scenario="h200-mixed").set_scenario(0, "servegen-skewed")
+
+
 @pytest.mark.parametrize(("actions", "message"), [
     (np.zeros((2, 2), dtype=np.int64), r"shape \(2, 2\); expected an integer array of shape \(2, 3\)"),
     (np.full((2, 3), 9, dtype=np.int64), r"actions\[0, 0\] = 9 is out of range; expected .*values in 0..8"),
