@@ -29,6 +29,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from revision_tree import extract
+
 REPO = Path(__file__).resolve().parent.parent
 
 
@@ -153,10 +155,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tree = None
         if args.before:
-            tree = Path(tmp)
-            (tree / "admit").mkdir()
-            archive = subprocess.run(["git", "archive", args.before], cwd=REPO, capture_output=True, check=True)
-            subprocess.run(["tar", "-x", "-C", str(tree / "admit")], input=archive.stdout, check=True)
+            tree = extract(args.before, Path(tmp))
         for r in range(args.repeat):
             load0 = _load()
             for (label, config, overrides), old in runs:

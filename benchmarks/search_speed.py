@@ -24,6 +24,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from revision_tree import extract
+
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -80,10 +82,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tree = None
         if args.before:
-            tree = Path(tmp)
-            (tree / "admit").mkdir()
-            archive = subprocess.run(["git", "archive", args.before], cwd=REPO, capture_output=True, check=True)
-            subprocess.run(["tar", "-x", "-C", str(tree / "admit")], input=archive.stdout, check=True)
+            tree = extract(args.before, Path(tmp))
             env = dict(os.environ, PYTHONPATH=str(tree))
             subprocess.run([sys.executable, "-m", "admit.envs.compiled"], cwd=tree / "admit", env=env, check=True)
         best: dict[str, dict[str, Any]] = {}

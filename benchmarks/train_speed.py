@@ -40,6 +40,7 @@ from admit.train.config import load_config
 from admit.train.trainer import build_model, env_factory, make_vec_env
 from admit.train.vec import BlockVecEnv
 from admit.train.wrappers import train_episode_seed_base
+from revision_tree import extract
 from stable_baselines3.common.vec_env import VecMonitor, VecNormalize
 
 # (label, vec_env, n_envs, vec_workers, trainer_block, batch_size)
@@ -55,7 +56,6 @@ CONFIGS: tuple[tuple[str, str, int, int, bool, int], ...] = (
 )
 ROLLOUT = 2048
 TICKS = os.sysconf("SC_CLK_TCK")
-REPO = Path(__file__).resolve().parent.parent
 
 
 def _proc_cpu_s(pid: int) -> float:
@@ -131,13 +131,6 @@ def before(tree: Path, scenario: str, steps: int) -> dict[str, tuple[float, floa
     return {k: (v[0], v[1], v[1]) for k, v in res.items()}
 
 
-def _extract(rev: str, into: Path) -> Path:
-    (into / "admit").mkdir(parents=True)
-    archive = subprocess.run(["git", "archive", rev], cwd=REPO, capture_output=True, check=True).stdout
-    subprocess.run(["tar", "-x", "-C", str(into / "admit")], input=archive, check=True)
-    return into
-
-
 def _load() -> str:
     return "/".join(f"{x:.1f}" for x in os.getloadavg())
 
@@ -155,7 +148,7 @@ def main() -> None:
     print(f"scenario {args.scenario}, {args.steps} timed steps, cores {os.cpu_count()}, load {_load()}", flush=True)
     best: dict[str, tuple[float, float, float]] = {}
     with tempfile.TemporaryDirectory() as tmp:
-        tree = _extract(args.before, Path(tmp)) if args.before else None
+        tree = extract(args.before, Path(tmp)) if args.before else None
         for r in range(args.repeat):
             load0 = _load()
             results: list[tuple[str, tuple[float, float, float]]] = []
