@@ -12,6 +12,14 @@ rules) runs a whole episode in one kernel call (``run``), with the same decision
 
 The first use in a fresh checkout compiles the kernels; numba caches the machine code next to the source,
 so later processes load it instead of compiling again (docs/BENCHMARKS.md, "Current figures", has both times).
+
+**Memory.** A world's state is a few arrays the size of its episode (~26 MB for an hour of servegen-skewed).
+By default glibc serves an allocation that large with fresh pages from the kernel, zero-filled and faulted in
+one 4 KiB page at a time as the episode first touches them, and returns them at the world's end, so every
+episode pays for its memory anew: a caps search, which runs thousands of episodes, spent about a quarter of
+its time in those page faults (docs/BENCHMARKS.md, "The caps search shares its work"). Importing this module
+therefore asks glibc (``keep_freed_memory``) to serve allocations up to 32 MiB from its heap and to keep
+what is freed there for the next world; elsewhere (another C library) nothing changes.
 """
 
 from __future__ import annotations
@@ -31,17 +39,41 @@ from admit.envs import kernels as K
 from admit.envs.scenario import Scenario, SlotEngineConfig
 from admit.envs.simulation import (
     END_EPS_S,
+    Draw,
     IntervalCounts,
     RequestColumns,
     SimulatedWorld,
     Simulation,
     TenantTotals,
     decision_count,
-    draw_request_columns,
+    draw_episode,
     episode_metrics,
-    in_contract,
     tenant_metrics,
 )
+
+MMAP_THRESHOLD = 32 << 20  # glibc's largest mmap threshold on 64-bit: allocations below it come from the heap
+TRIM_THRESHOLD = 256 << 20  # free heap memory kept before glibc returns the top of the heap to the kernel
+
+
+def keep_freed_memory() -> bool:
+    """glibc's ``mallopt``: allocations under `MMAP_THRESHOLD` from the heap, and up to `TRIM_THRESHOLD` of
+    freed heap kept for reuse (module docstring, "Memory"). True where it took effect (glibc), else False."""
+    import ctypes
+    import ctypes.util
+
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return False
+    mallopt = getattr(libc, "mallopt", None)
+    if mallopt is None:
+        return False
+    m_trim_threshold, m_mmap_threshold = -1, -3  # <malloc.h>
+    return bool(mallopt(m_mmap_threshold, MMAP_THRESHOLD)) and bool(mallopt(m_trim_threshold, TRIM_THRESHOLD))
+
+
+KEEPS_FREED_MEMORY = keep_freed_memory()
 
 
 def _objective(v: float) -> float:
@@ -61,14 +93,16 @@ def _dense_table(model: StepTimeModel, max_tokens: int) -> np.ndarray:
 
 
 class CompiledSimulation:
-    def __init__(self, scenario: Scenario, seed: int) -> None:
+    def __init__(self, scenario: Scenario, seed: int, draw: Draw | None = None) -> None:
+        """The world of ``scenario`` at t = 0 on ``seed``'s requests: drawn here, or ``draw``, that seed's
+        `draw_episode` made earlier (its arrays are only read)."""
         self.scenario = scenario
         self.spec = scenario.control_spec()
         self.seed = int(seed)
         self.horizon_s = scenario.horizon_s
         n = len(scenario.tenants)
         self.n_tenants = n
-        times, tenant, prompt, output, u_service = draw_request_columns(scenario, self.seed)
+        times, tenant, prompt, output, u_service, inside = draw_episode(scenario, self.seed) if draw is None else draw
         N = len(times)
 
         ri = np.zeros((N, K.NRI), dtype=np.int64)
@@ -76,8 +110,8 @@ class CompiledSimulation:
         ri[:, K.PROMPT] = prompt
         ri[:, K.OUT] = output
         # each request's class: without contracts every request is in contract (one queue per tenant)
-        inside = in_contract(scenario, tenant, times, prompt, output) if scenario.has_contracts else None
         ri[:, K.INC] = 1 if inside is None else inside
+        self._inside = inside
         rf = np.full((N, K.NRF), math.nan)
         rf[:, K.ARR] = times
         rf[:, K.USVC] = u_service
@@ -361,7 +395,7 @@ class CompiledSimulation:
         ri, rf = self._E[0], self._E[1]
         return RequestColumns(ri[:, K.TEN].astype(np.int64), rf[:, K.ARR].copy(), ri[:, K.PROMPT].astype(np.int64),
                               ri[:, K.OUT].astype(np.int64), rf[:, K.FTOK].copy(), rf[:, K.FIN].copy(),
-                              rf[:, K.DISP].copy())
+                              rf[:, K.DISP].copy(), self._inside)
 
     @property
     def requests(self) -> list[Request]:
@@ -409,13 +443,17 @@ WORLDS = ("compiled", "python")
 
 
 def make_simulation(scenario: Scenario, seed: int, *, requests: Sequence[Request] | None = None,
-                    world: str = "compiled") -> World:
+                    world: str = "compiled", draw: Draw | None = None) -> World:
     """The world an episode runs in: ``CompiledSimulation`` where it applies (a token-engine scenario on its own
-    draws) unless ``world="python"``, else ``Simulation``. Both give the same numbers."""
+    draws, or on ``draw``, the seed's `draw_episode` made once for many episodes) unless ``world="python"``,
+    else ``Simulation``. Both give the same numbers."""
     if world not in WORLDS:
         raise ValueError(f"world {world!r} is unknown; allowed: {', '.join(WORLDS)}")
     if world == "compiled" and requests is None:
-        return CompiledSimulation(scenario, seed)
+        return CompiledSimulation(scenario, seed, draw)
+    if draw is not None:
+        raise ValueError("a Draw is for the compiled world on the seed's own requests: give no requests and "
+                         "world='compiled', or no draw")
     return Simulation(scenario, seed, requests=requests)
 
 

@@ -34,9 +34,11 @@ Classes = tuple[np.ndarray, np.ndarray]  # per request: in contract, good
 
 
 def request_classes(scenario: Scenario, cols: RequestColumns) -> Classes:
-    """Per request, whether it is in contract (classified on the arrivals, envs/simulation.py's
-    ``in_contract``) and whether it was good (the episode's own test, ``cols.good``)."""
-    inside = in_contract(scenario, cols.tenant, cols.arrival, cols.prompt, cols.output)
+    """Per request, whether it is in contract (as the world classified it, ``cols.inside``, where the columns
+    carry it, else classified here on the arrivals: envs/simulation.py's ``in_contract``) and whether it was
+    good (the episode's own test, ``cols.good``)."""
+    inside = cols.inside if cols.inside is not None else in_contract(scenario, cols.tenant, cols.arrival,
+                                                                       cols.prompt, cols.output)
     return inside, cols.good([t.request_bounds for t in scenario.control_spec().tenants])
 
 

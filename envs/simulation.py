@@ -21,13 +21,14 @@ the admission core queues its in-contract requests before its excess.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from array import array
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, NamedTuple, cast
 
 import numpy as np
 from admit.core.admission import AdmissionCore, Offer, QueueConfig
@@ -87,7 +88,8 @@ class TenantTotals:
 class RequestColumns:
     """An episode's requests as columns in arrival order: tenant index, arrival, prompt and output tokens, and
     the times of the first token and of the finish (NaN where the episode ended first) and of the admission
-    (``dispatched``: the request left the admission queue; NaN for one never admitted)."""
+    (``dispatched``: the request left the admission queue; NaN for one never admitted); ``inside``, where the
+    world knows it, whether each request was in contract as the world ran it (``in_contract``)."""
 
     tenant: np.ndarray
     arrival: np.ndarray
@@ -96,6 +98,7 @@ class RequestColumns:
     first_token: np.ndarray
     finished: np.ndarray
     dispatched: np.ndarray
+    inside: np.ndarray | None = None  # per request, in contract, as the world classified it (None: not known here)
 
     @classmethod
     def of(cls, requests: Sequence[Request]) -> RequestColumns:
@@ -201,6 +204,30 @@ def draw_request_columns(scenario: Scenario, seed: int) -> tuple[np.ndarray, ...
     all_t = np.concatenate(times)
     order = np.lexsort((np.concatenate(tenant_ix), all_t))
     return (all_t[order], *(np.concatenate(c)[order] for c in (tenant_ix, prompt, output, u)))
+
+
+class Draw(NamedTuple):
+    """One episode's requests as the seed draws them, before any policy acts (`draw_request_columns`'s
+    columns), and ``inside``: whether each is in its tenant's contract (`in_contract`; None where no tenant has
+    a contract). The same for every policy on a seed, so a caller that runs many policies on one seed (the caps
+    search) draws it once and hands it to each world; its arrays are read-only."""
+
+    times: np.ndarray
+    tenant: np.ndarray
+    prompt: np.ndarray
+    output: np.ndarray
+    u_service: np.ndarray
+    inside: np.ndarray | None
+
+
+def draw_episode(scenario: Scenario, seed: int) -> Draw:
+    """`Draw` of ``scenario`` on ``seed``: its requests and their contract classes, arrays made read-only."""
+    cols = draw_request_columns(scenario, seed)
+    inside = in_contract(scenario, cols[1], cols[0], cols[2], cols[3]) if scenario.has_contracts else None
+    for a in (*cols, inside):
+        if a is not None:
+            a.flags.writeable = False
+    return Draw(*cols, inside)
 
 
 def in_contract(scenario: Scenario, tenant: np.ndarray, arrival: np.ndarray, prompt: np.ndarray,
@@ -371,7 +398,10 @@ class Simulation:
 
     def request_columns(self) -> RequestColumns:
         """This episode's requests as columns in arrival order (``requests`` without the objects)."""
-        return RequestColumns.of(self._requests)
+        c = RequestColumns.of(self._requests)
+        if not self.scenario.has_contracts:
+            return c
+        return dataclasses.replace(c, inside=np.array(self._in_contract, dtype=bool))
 
     @property
     def contract_totals(self) -> np.ndarray:

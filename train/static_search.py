@@ -42,12 +42,14 @@ operator's quota is set before traffic) on the same seeds and records the differ
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import itertools
 import json
 import math
 import os
 import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import Executor, ProcessPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -63,6 +65,7 @@ from admit.envs.scenario import Scenario, TokenEngineConfig, load_scenario
 
 if TYPE_CHECKING:
     from admit.envs.compiled import World
+    from admit.envs.simulation import Draw
 
 Caps = tuple[int, ...]
 
@@ -326,13 +329,32 @@ def _held_back(sim: World) -> dict[str, Any]:
     return {"bound": (np.bincount(c.tenant[held], minlength=len(sim.scenario.tenants)) > 0).tolist()}
 
 
-def _episode(args: tuple[Scenario, Caps, int]) -> dict[str, Any]:
-    """One episode of the static caps, by `rollout`, reduced to what the record keeps, plus ``bound``
-    (`_held_back`)."""
+_DRAWS: OrderedDict[tuple[str, int], Draw] = OrderedDict()
+_DRAWS_KEPT = 10  # a search's seeds (5 at most by default) with room for a second scenario's
+
+
+def _draw(scenario: Scenario, key: str, seed: int) -> Draw:
+    """The seed's requests for ``scenario`` (fingerprint ``key``), drawn once per process and kept for the
+    search's other candidates on that seed (the few most recent)."""
+    from admit.envs.simulation import draw_episode
+
+    k = (key, int(seed))
+    if k in _DRAWS:
+        _DRAWS.move_to_end(k)
+        return _DRAWS[k]
+    d = _DRAWS[k] = draw_episode(scenario, seed)
+    while len(_DRAWS) > _DRAWS_KEPT:
+        _DRAWS.popitem(last=False)
+    return d
+
+
+def _episode(args: tuple[Scenario, str, Caps, int]) -> dict[str, Any]:
+    """One episode of the static caps, by `rollout` on the seed's requests drawn once (`_draw`) and without the
+    lending figures, reduced to what the record keeps, plus ``bound`` (`_held_back`)."""
     from admit.envs.rollout import rollout  # imported on use: the compiled world loads numba
 
-    scenario, caps, seed = args
-    ep = rollout(scenario, static_at(caps), seed, inspect=_held_back)
+    scenario, key, caps, seed = args
+    ep = rollout(scenario, static_at(caps), seed, inspect=_held_back, draw=_draw(scenario, key, seed), lending=False)
     out: dict[str, Any] = {k: float(ep[k]) for k in KEPT_METRICS if k in ep}
     out["tenants"] = {
         name: {k: float(v[k]) for k in ("goodput_rps", "attainment", *CONTRACT_COUNTS) if k in v}
@@ -348,16 +370,19 @@ def mean_limit(scenario: Scenario, caps: Sequence[int]) -> float:
     from admit.envs.simulation import decision_count
 
     lim = scenario.control_spec().limits
-    targets = [lim.clamp(int(c)) for c in caps]
-    limits = [lim.initial] * len(caps)
-    total = 0.0
     n = decision_count(scenario)
-    for _ in range(n):
-        limits = lim.apply(
-            limits, [max(-lim.max_step, min(lim.max_step, t - c)) for t, c in zip(targets, limits, strict=True)]
-        )
-        total += sum(limits)
+    total = sum(_limit_sum(lim, lim.clamp(int(c)), n) for c in caps)
     return total / max(n, 1) / len(caps)
+
+
+@functools.lru_cache(maxsize=4096)
+def _limit_sum(lim: Limits, target: int, n: int) -> int:
+    """One tenant's limits summed over ``n`` decisions of a static controller holding ``target`` (`mean_limit`)."""
+    limit, total = lim.initial, 0
+    for _ in range(n):
+        (limit,) = lim.apply([limit], [max(-lim.max_step, min(lim.max_step, target - limit))])
+        total += limit
+    return total
 
 
 def _episode_at_caps(args: tuple[Scenario, Caps, int]) -> float:
@@ -389,6 +414,7 @@ class SimObjective:
             raise ValueError(f"scenario {scenario.name!r} has no contracts to search under; search for goodput")
         self.kind: SearchGoal = objective
         self.scenario = scenario
+        self.key = fingerprint(scenario)  # names the scenario's drawn requests in a worker (`_draw`)
         self.seeds = [int(s) for s in seeds]
         self.pool = pool
         self.workers = workers
@@ -406,7 +432,7 @@ class SimObjective:
                 todo.append(job)
         if not todo:
             return
-        args = [(self.scenario, caps, seed) for caps, seed in todo]
+        args = [(self.scenario, self.key, caps, seed) for caps, seed in todo]
         if self.pool is None:
             results: Iterable[dict[str, Any]] = map(_episode, args)
         else:

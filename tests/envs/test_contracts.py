@@ -4,13 +4,17 @@ consistent with the episode's own count of good requests, and carried into an ev
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 from admit.agents.registry import make_controller
+from admit.envs.compiled import make_simulation
 from admit.envs.contracts import episode_contracts
 from admit.envs.family import contract_loads, tenant_capacity_rps, typical_contracts
 from admit.envs.rollout import rollout
 from admit.envs.scenario import Scenario, ScenarioError, load_scenario
+from admit.envs.simulation import draw_episode, in_contract
 from admit.evaluate.offline import evaluate
 from contract_helpers import AGENT, CHAT, run_in_both_worlds, with_contracts, without_contracts
 from hypothesis import given, settings
@@ -81,6 +85,50 @@ def test_both_worlds_give_the_same_figures_and_the_episodes_own_good_count(polic
         got[world] = episode_contracts(sc, cols)
     assert got["python"] == got["compiled"]
     assert np.isfinite(list(got["python"][1].values())).all()
+
+
+def test_each_world_carries_the_classes_it_ran_with_and_they_are_the_arrivals_own() -> None:
+    """``RequestColumns.inside`` is what the world ran with, in both worlds, and equals classifying the
+    arrivals anew (envs/simulation.py ``in_contract``): figures read from it are those classified after."""
+    sc = with_contracts("h200-live-small", {"chat": CHAT, "agent": AGENT})
+    for sim in run_in_both_worlds(sc, "static:2", 5).values():
+        cols = sim.request_columns()
+        assert cols.inside is not None and cols.inside.dtype == bool and 0 < cols.inside.sum() < len(cols.inside)
+        again = in_contract(sc, cols.tenant, cols.arrival, cols.prompt, cols.output)
+        np.testing.assert_array_equal(cols.inside, again)
+        assert episode_contracts(sc, cols) == episode_contracts(sc, dataclasses.replace(cols, inside=None))
+
+
+def test_an_episode_on_a_draw_made_once_is_the_episode_on_its_own_draw() -> None:
+    """The caps search draws a seed's requests once for all its candidates (``draw_episode``, passed to
+    ``rollout``): every figure is the same as an episode that draws for itself, the draw is left as it was
+    (read-only), and ``lending=False`` leaves out just the lending figures."""
+    sc = with_contracts("h200-live-small", {"chat": CHAT, "agent": AGENT})
+    draw = draw_episode(sc, 7)
+    before = [a.copy() for a in draw if a is not None]
+    for caps in ("static:1", "static:16"):
+        own = rollout(sc, make_controller(caps), 7)
+        shared = rollout(sc, make_controller(caps), 7, draw=draw)
+        assert _plain(shared) == _plain(own)
+        lean = rollout(sc, make_controller(caps), 7, draw=draw, lending=False)
+        lending_keys = {"excess_goodput", "borrowed", "lent"}
+        assert "lending" not in lean and {k: v for k, v in own.items() if k != "lending"}.keys() == lean.keys()
+        for t, figs in lean["tenants"].items():
+            assert figs == {k: v for k, v in own["tenants"][t].items() if k not in lending_keys}
+    for a, b in zip((a for a in draw if a is not None), before, strict=True):
+        np.testing.assert_array_equal(a, b)
+        assert not a.flags.writeable
+    with pytest.raises(ValueError, match="a Draw is for the compiled world"):
+        make_simulation(sc, 7, world="python", draw=draw)
+
+
+def _plain(ep: dict) -> dict:
+    """An episode without its lending series (numpy arrays, compared apart)."""
+    out = {k: v for k, v in ep.items() if k != "lending"}
+    for key in ("in_flight", "borrowed", "lent"):
+        for t, a in ep["lending"][key].items():
+            out[f"{key}/{t}"] = a.tolist()
+    return out
 
 
 def test_an_evaluation_carries_the_contracts_and_their_figures() -> None:

@@ -193,7 +193,7 @@ def test_caps_above_a_limit_that_never_bound_are_the_same_episode():
     assert ob.rollouts == 1 and ob.inferred == 1
     inferred = dict(ob.episodes[((4, 16), 0)])
     assert inferred.pop("inferred_from") == [4, 8]
-    assert inferred == search._episode((sc, (4, 16), 0))  # what running it gives
+    assert inferred == search._episode((sc, ob.key, (4, 16), 0))  # what running it gives
     ob([(8, 8), (4, 4)])  # 'only' was held back at 4, and a smaller cap may bind: both run
     assert ob.rollouts == 3
 
