@@ -10,8 +10,10 @@ use, ``mean_limit`` and ``"tenants"`` (``tenant_summary()``), and where tenants 
 their per-decision series (``episode_lending``). A caller that needs more of the finished world
 than its summary (the search asks which limits ever held a request back) passes ``inspect``, whose dict is
 added to the episode. A caller that runs many policies on one seed passes that seed's ``draw``
-(envs/simulation.py ``draw_episode``, made once), and one that needs no lending figures ``lending=False``:
-the caps search does both, for the same numbers at less cost.
+(envs/simulation.py ``draw_episode``, made once), and one that reads what it needs of the contracts from the
+world itself (``World.contract_totals``: the same in-contract counts) passes ``per_request=False``, which
+leaves out the figures read from the request columns (the contract and lending figures): the caps search
+does both, for the same numbers at less cost.
 """
 
 from __future__ import annotations
@@ -38,13 +40,13 @@ def rollout(
     start_limits: Sequence[int] | None = None,
     inspect: Callable[[World], dict[str, Any]] | None = None,
     draw: Draw | None = None,
-    lending: bool = True,
+    per_request: bool = True,
 ) -> Episode:
     """Run one episode of ``controller`` (not yet reset) on ``seed``; ``name`` labels its errors (default: the
     controller's own name); ``start_limits``: the limits at t = 0 instead of the scenario's
     ``initial`` (caps set before traffic, as an operator's quota is); ``draw``: the seed's requests drawn
-    before; ``lending``: whether to add the lending figures and series. Returns the episode metrics, overall
-    and per tenant, and what ``inspect`` adds."""
+    before; ``per_request``: whether to add the contract and lending figures (module docstring). Returns the
+    episode metrics, overall and per tenant, and what ``inspect`` adds."""
     controller.reset(scenario.control_spec(), seed)
     sim = make_simulation(scenario, seed, draw=draw)
     if start_limits is not None:
@@ -55,7 +57,7 @@ def rollout(
     out.setdefault("e2e_p99_s", out["p99_s"])
     out["mean_limit"] = stats.mean_limit
     out["tenants"] = sim.tenant_summary()
-    if scenario.has_contracts:
+    if scenario.has_contracts and per_request:
         cols = sim.request_columns()
         warmup_s = getattr(sim, "warmup_s", 0.0)
         classes = request_classes(scenario, cols)
@@ -63,11 +65,10 @@ def rollout(
         for name, figs in per.items():
             out["tenants"][name].update(figs)
         out.update(overall)
-        if lending:
-            lend, series = episode_lending(scenario, cols, decision_times(scenario), warmup_s, classes=classes)
-            for name, figs in lend.items():
-                out["tenants"][name].update(figs)
-            out["lending"] = series
+        lend, series = episode_lending(scenario, cols, decision_times(scenario), warmup_s, classes=classes)
+        for name, figs in lend.items():
+            out["tenants"][name].update(figs)
+        out["lending"] = series
     if inspect is not None:
         out.update(inspect(sim))
     return out

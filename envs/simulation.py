@@ -222,12 +222,13 @@ class Draw(NamedTuple):
 
 def draw_episode(scenario: Scenario, seed: int) -> Draw:
     """`Draw` of ``scenario`` on ``seed``: its requests and their contract classes, arrays made read-only."""
-    cols = draw_request_columns(scenario, seed)
-    inside = in_contract(scenario, cols[1], cols[0], cols[2], cols[3]) if scenario.has_contracts else None
-    for a in (*cols, inside):
+    times, tenant, prompt, output, u_service = draw_request_columns(scenario, seed)
+    inside = in_contract(scenario, tenant, times, prompt, output) if scenario.has_contracts else None
+    draw = Draw(times, tenant, prompt, output, u_service, inside)
+    for a in draw:
         if a is not None:
             a.flags.writeable = False
-    return Draw(*cols, inside)
+    return draw
 
 
 def in_contract(scenario: Scenario, tenant: np.ndarray, arrival: np.ndarray, prompt: np.ndarray,

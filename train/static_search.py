@@ -321,12 +321,19 @@ def static_at(caps: Sequence[int]) -> StaticController:
     return ctrl
 
 
-def _held_back(sim: World) -> dict[str, Any]:
-    """``bound``: per tenant, whether its limit ever held a request back (a request that waited for admission,
-    was rejected or dropped, or was still queued at the end)."""
+def _searched(sim: World) -> dict[str, Any]:
+    """What the search reads of a finished episode besides its summary: ``bound``, per tenant whether its limit
+    ever held a request back (a request that waited for admission, was rejected or dropped, or was still queued
+    at the end), and under contracts each tenant's in-contract requests arrived and good (the world's own
+    counts, ``contract_totals``: the episode's contract figures count the same requests)."""
     c = sim.request_columns()  # arrays, not a Request object per request: that cost most of a search's time
     held = (c.arrival <= sim.now) & (c.dispatched != c.arrival)  # NaN (never admitted) is unequal too
-    return {"bound": (np.bincount(c.tenant[held], minlength=len(sim.scenario.tenants)) > 0).tolist()}
+    out: dict[str, Any] = {"bound": (np.bincount(c.tenant[held], minlength=len(sim.scenario.tenants)) > 0).tolist()}
+    if sim.scenario.has_contracts:
+        totals = sim.contract_totals
+        out["contract_counts"] = {t.name: dict(zip(CONTRACT_COUNTS, map(float, totals[k, :2].tolist()), strict=True))
+                                  for k, t in enumerate(sim.scenario.tenants) if t.contract is not None}
+    return out
 
 
 _DRAWS: OrderedDict[tuple[str, int], Draw] = OrderedDict()
@@ -349,15 +356,17 @@ def _draw(scenario: Scenario, key: str, seed: int) -> Draw:
 
 
 def _episode(args: tuple[Scenario, str, Caps, int]) -> dict[str, Any]:
-    """One episode of the static caps, by `rollout` on the seed's requests drawn once (`_draw`) and without the
-    lending figures, reduced to what the record keeps, plus ``bound`` (`_held_back`)."""
+    """One episode of the static caps, by `rollout` on the seed's requests drawn once (`_draw`), its contract
+    counts the world's own (`_searched`), reduced to what the record keeps, plus ``bound``."""
     from admit.envs.rollout import rollout  # imported on use: the compiled world loads numba
 
     scenario, key, caps, seed = args
-    ep = rollout(scenario, static_at(caps), seed, inspect=_held_back, draw=_draw(scenario, key, seed), lending=False)
+    ep = rollout(scenario, static_at(caps), seed, inspect=_searched, draw=_draw(scenario, key, seed),
+                 per_request=False)
     out: dict[str, Any] = {k: float(ep[k]) for k in KEPT_METRICS if k in ep}
+    counts = ep.get("contract_counts", {})
     out["tenants"] = {
-        name: {k: float(v[k]) for k in ("goodput_rps", "attainment", *CONTRACT_COUNTS) if k in v}
+        name: {"goodput_rps": float(v["goodput_rps"]), "attainment": float(v["attainment"]), **counts.get(name, {})}
         for name, v in ep["tenants"].items()
     }
     out["bound"] = ep["bound"]

@@ -101,20 +101,28 @@ def test_each_world_carries_the_classes_it_ran_with_and_they_are_the_arrivals_ow
 
 def test_an_episode_on_a_draw_made_once_is_the_episode_on_its_own_draw() -> None:
     """The caps search draws a seed's requests once for all its candidates (``draw_episode``, passed to
-    ``rollout``): every figure is the same as an episode that draws for itself, the draw is left as it was
-    (read-only), and ``lending=False`` leaves out just the lending figures."""
+    ``rollout``): every figure is the same as an episode that draws for itself and the draw is left as it was
+    (read-only); ``per_request=False`` leaves out just the figures read from the request columns, and the
+    search's own episode reads the same in-contract counts from the world."""
+    from admit.train import static_search as search
+
     sc = with_contracts("h200-live-small", {"chat": CHAT, "agent": AGENT})
     draw = draw_episode(sc, 7)
     before = [a.copy() for a in draw if a is not None]
-    for caps in ("static:1", "static:16"):
-        own = rollout(sc, make_controller(caps), 7)
-        shared = rollout(sc, make_controller(caps), 7, draw=draw)
+    for caps in ((1, 1), (16, 16)):
+        ctrl = f"static:{','.join(map(str, caps))}"
+        own = rollout(sc, make_controller(ctrl), 7)
+        shared = rollout(sc, make_controller(ctrl), 7, draw=draw)
         assert _plain(shared) == _plain(own)
-        lean = rollout(sc, make_controller(caps), 7, draw=draw, lending=False)
-        lending_keys = {"excess_goodput", "borrowed", "lent"}
-        assert "lending" not in lean and {k: v for k, v in own.items() if k != "lending"}.keys() == lean.keys()
+        lean = rollout(sc, make_controller(ctrl), 7, draw=draw, per_request=False)
+        assert "lending" not in lean and "contracts_met" not in lean
         for t, figs in lean["tenants"].items():
-            assert figs == {k: v for k, v in own["tenants"][t].items() if k not in lending_keys}
+            assert figs == {k: v for k, v in own["tenants"][t].items() if k in figs}
+            assert not any(k.startswith("contract") for k in figs)
+        searched = search._episode((sc, search.fingerprint(sc), caps, 7))
+        for t in ("chat", "agent"):
+            for k in ("contract_arrived", "contract_good"):
+                assert searched["tenants"][t][k] == own["tenants"][t][k]
     for a, b in zip((a for a in draw if a is not None), before, strict=True):
         np.testing.assert_array_equal(a, b)
         assert not a.flags.writeable
