@@ -350,7 +350,10 @@ class SetEnv(gym.Env):
         assert self.anchors is not None
         ctrl = StaticController(self.anchors)
         ctrl.reset(sc.control_spec(), seed)
-        record = CompiledSimulation(sc, seed).run_recorded(ctrl)
+        sim = self.inner.sim if self.inner is not None else None
+        # the env's own world on this seed has the same requests: drawn once
+        draw = sim.draw if isinstance(sim, CompiledSimulation) and sim.seed == seed else None
+        record = CompiledSimulation(sc, seed, draw).run_recorded(ctrl)
         self._twin_arrived = record[:, :, T_ARRIVED].astype(np.float64)
         return record[:, :, T_GOOD].astype(np.float64)
 
