@@ -9,8 +9,12 @@ Registered in admit/cli.py; stable-baselines3 and torch are imported only when t
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from admit.train.config import TrainConfig
 
 
 def train(
@@ -22,6 +26,10 @@ def train(
     timesteps: int | None = typer.Option(None, help="env steps to train for (default 100000)"),
     n_envs: int | None = typer.Option(None, "--n-envs", help="parallel envs (default 4)"),
     seed: int | None = typer.Option(None, help="run seed: algorithm and training-workload seeds (default 0)"),
+    seeds: str | None = typer.Option(
+        None, help="one run per seed (A..B inclusive or A,B,C) into OUT/seed-S/, and OUT/seeds.json: each "
+        "seed's validation returns and their spread (instead of --seed)"
+    ),
     vec_env: str | None = typer.Option(
         None, "--vec-env", help="dummy | subproc | block (default dummy; block: envs stepped in blocks on all cores)"
     ),
@@ -38,8 +46,12 @@ def train(
     """Train a policy; writes model.zip, vecnormalize.pkl, config.yaml, TensorBoard logs, checkpoints."""
     from admit.envs.scenario import ScenarioError
     from admit.train.config import TrainConfigError, load_config
+    from admit.train.static_search import parse_seeds
 
     try:
+        if seeds is not None and seed is not None:
+            raise TrainConfigError("give --seed (one run) or --seeds (one run per seed), not both")
+        seed_list = parse_seeds(seeds) if seeds is not None else None
         cfg = load_config(
             config,
             sets=sets,
@@ -61,13 +73,33 @@ def train(
                 load_family(fam)  # fail before importing torch
         else:
             load_scenario(cfg.scenario)  # fail before importing torch
-    except (TrainConfigError, ScenarioError) as e:
+    except (TrainConfigError, ScenarioError, ValueError) as e:
         typer.secho(f"error: {e}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
 
+    if seed_list is not None:
+        _train_seeds(cfg, seed_list, out, progress)
+        return
     from admit.train.trainer import train as run_train
 
-    summary = run_train(cfg, out, progress=progress)
+    _say_trained(run_train(cfg, out, progress=progress), out)
+
+
+def _train_seeds(cfg: TrainConfig, seeds: list[int], out: Path, progress: bool) -> None:
+    from admit.train.trainer import SEEDS_FILE, train_seeds
+
+    report = train_seeds(cfg, seeds, out, progress, on_run=lambda s, summary: _say_trained(summary, out / f"seed-{s}"))
+    typer.echo(f"{len(seeds)} runs in {report['wall_s']:.0f} s")
+    if "validation_return_best" in report:
+        b = report["validation_return_best"]
+        typer.echo(f"best validation return over the seeds: mean {b['mean']:.2f} (95% interval {b['ci95'][0]:.2f} "
+                   f"to {b['ci95'][1]:.2f}), {b['min']:.2f} to {b['max']:.2f}; the best is seed {report['best_seed']}"
+                   + (f"; {report['above_hold']} of {len(seeds)} above holding the anchors (0)"
+                      if "above_hold" in report else ""))
+    typer.echo(f"wrote {out / SEEDS_FILE}")
+
+
+def _say_trained(summary: dict, out: Path) -> None:
     for r in summary["imitation"]:
         typer.echo(f"imitation round {r['round']}: {r['samples']} samples, loss {r['loss']:.3f}, "
                    f"accuracy {r['accuracy']:.3f}")

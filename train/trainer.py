@@ -12,6 +12,12 @@
     best/                  best_model.zip + vecnormalize.pkl, the best validation score (EvalCallback)
     eval/evaluations.npz   validation returns per evaluation
 
+``train_seeds(cfg, seeds, out)`` (``admit train --seeds A..B``) runs the same recipe once per seed, into
+``out/seed-S/`` each, and writes ``out/seeds.json``: every run's validation returns and how they spread over
+the seeds (mean, standard deviation, the 95% interval, the best seed), so a recipe's sensitivity to its seed
+is measured with it. The runs share what a recipe tunes first (the instances' caps: searched by the first,
+found in the cache by the others).
+
 Seeds: the algorithm (torch, numpy, action-space sampling) is seeded with ``cfg.seed``; the workload of
 episode j in training env i is drawn from ``1_000_000 + 1000·seed + i + n_envs·j`` and the validation
 episodes from ``eval.seed_base + j``, j < eval.episodes (admit.train.wrappers; ``make_eval_env``), all
@@ -24,6 +30,7 @@ only change where the envs are stepped.
 
 from __future__ import annotations
 
+import gc
 import json
 import os
 import time
@@ -196,6 +203,43 @@ def search_anchors(cfg: TrainConfig, scenario: Scenario | None) -> float:
     for split in ("train", "validation") if both else ("train",):
         search_pool(worlds_of(cfg, scenario, split), workers=max(1, min(2, os.cpu_count() or 1)), search_seeds=k)
     return time.perf_counter() - t0
+
+
+SEEDS_FILE = "seeds.json"
+
+
+def train_seeds(cfg: TrainConfig, seeds: list[int], out: str | Path, progress: bool = True,
+                on_run: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """``train`` once per seed of ``seeds`` (``cfg.seed`` replaced), into ``out/seed-S/``; ``on_run(seed,
+    summary)`` after each. Returns the report also written to ``out/seeds.json`` (module docstring)."""
+    from admit.envs.compiled import release_freed_memory
+    from admit.evaluate.offline import summarize
+
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        raise ValueError(f"seeds: give each seed >= 0 once, got {seeds}")
+    out = Path(out)
+    runs: dict[str, dict[str, Any]] = {}
+    t0 = time.perf_counter()
+    for s in seeds:
+        summary = train(cfg.model_copy(update={"seed": int(s)}), out / f"seed-{s}", progress)
+        gc.collect()
+        release_freed_memory()  # the run's worlds are gone: the next run starts from a trimmed heap
+        runs[str(s)] = {"folder": f"seed-{s}", **{k: summary.get(k) for k in (
+            "validation_return_best", "validation_return_last", "wall_s", "caps_tuning_s", "env_steps_per_s")}}
+        if on_run is not None:
+            on_run(s, summary)
+    report: dict[str, Any] = {"seeds": list(seeds), "wall_s": time.perf_counter() - t0, "runs": runs}
+    for key in ("validation_return_best", "validation_return_last"):
+        values = [r[key] for r in runs.values()]
+        if all(v is not None for v in values):
+            report[key] = {**summarize(values), "min": min(values), "max": max(values), "values": values}
+    if "validation_return_best" in report:
+        best = max(runs, key=lambda k: runs[k]["validation_return_best"])
+        report["best_seed"] = int(best)  # the rule every shipped model is chosen by: the best validation return
+        if cfg.paired_reward is not None:  # the paired return of holding the anchors is exactly 0
+            report["above_hold"] = sum(1 for r in runs.values() if r["validation_return_best"] > 0)
+    (out / SEEDS_FILE).write_text(json.dumps(report, indent=2) + "\n")
+    return report
 
 
 def train(cfg: TrainConfig, out: str | Path, progress: bool = True) -> dict[str, Any]:

@@ -353,3 +353,38 @@ def test_validation_episodes_run_side_by_side_and_score_what_one_env_scores(tmp_
     finally:
         venv.close()
     assert sorted(got) == sorted(want) and len(set(want)) == 3  # three different episodes, the same three
+
+
+def test_several_seeds_in_one_command_report_their_spread_and_each_run_is_that_seeds_own(tmp_path: Path) -> None:
+    """``admit train --seeds 5,6``: a run per seed, each the same parameters as ``--seed S`` alone, and
+    seeds.json with each seed's validation returns (those of its summary.json), their spread and the best seed;
+    --seed beside --seeds, or seeds that do not parse, are clear errors."""
+    scenario = short_scenario(tmp_path)
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump({
+        "timesteps": 128, "n_envs": 2, "checkpoint_freq": 0, "eval": {"freq": 64, "episodes": 2},
+        "hyperparams": {"n_steps": 32, "batch_size": 32, "n_epochs": 1}, "policy": {"net_arch": [16, 16]}}))
+    args = ["train", "--scenario", str(scenario), "--config", str(config), "--no-progress"]
+    result = CliRunner().invoke(app, [*args, "--seeds", "5,6", "--out", str(tmp_path / "many")])
+    assert result.exit_code == 0, result.output
+    assert "2 runs in" in result.output and "best validation return over the seeds" in result.output
+    report = json.loads((tmp_path / "many" / "seeds.json").read_text())
+    assert report["seeds"] == [5, 6] and set(report["runs"]) == {"5", "6"}
+    values = []
+    for s in ("5", "6"):
+        summary = json.loads((tmp_path / "many" / f"seed-{s}" / "summary.json").read_text())
+        assert report["runs"][s]["validation_return_best"] == summary["validation_return_best"]
+        values.append(summary["validation_return_best"])
+    spread = report["validation_return_best"]
+    assert spread["values"] == values and spread["min"] == min(values) and spread["max"] == max(values)
+    assert spread["mean"] == pytest.approx(sum(values) / 2) and spread["ci95"][0] <= spread["mean"] <= spread["ci95"][1]
+    assert report["best_seed"] == (5 if values[0] >= values[1] else 6) and "above_hold" not in report  # not paired
+    one = CliRunner().invoke(app, [*args, "--seed", "6", "--out", str(tmp_path / "one")])
+    assert one.exit_code == 0, one.output
+    a, b = _params(tmp_path / "many" / "seed-6"), _params(tmp_path / "one")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    both = CliRunner().invoke(app, [*args, "--seed", "1", "--seeds", "2,3", "--out", str(tmp_path / "x")])
+    assert both.exit_code == 2 and "not both" in both.output
+    bad = CliRunner().invoke(app, [*args, "--seeds", "two", "--out", str(tmp_path / "y")])
+    assert bad.exit_code == 2 and "give A..B (inclusive), A, or A,B,C" in bad.output
+    assert not (tmp_path / "x").exists() and not (tmp_path / "y").exists()
