@@ -16,10 +16,10 @@ so later processes load it instead of compiling again (docs/BENCHMARKS.md, "Curr
 **Memory.** A world's state is a few arrays the size of its episode (~26 MB for an hour of servegen-skewed).
 By default glibc serves an allocation that large with fresh pages from the kernel, zero-filled and faulted in
 one 4 KiB page at a time as the episode first touches them, and returns them at the world's end, so every
-episode pays for its memory anew: a caps search, which runs thousands of episodes, spent about a quarter of
-its time in those page faults (docs/BENCHMARKS.md, "The caps search shares its work"). Importing this module
-therefore asks glibc (``keep_freed_memory``) to serve allocations up to 32 MiB from its heap and to keep
-what is freed there for the next world; elsewhere (another C library) nothing changes.
+episode pays for its memory anew: a caps search, which runs thousands of episodes, spent about a fifth of
+its time in those page faults (docs/BENCHMARKS.md, "The caps search and the recipe, sharing their work").
+Importing this module therefore asks glibc (``keep_freed_memory``) to serve allocations up to 32 MiB from
+its heap and to keep what is freed there for the next world; elsewhere (another C library) nothing changes.
 """
 
 from __future__ import annotations

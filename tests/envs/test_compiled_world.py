@@ -12,6 +12,7 @@ of their requests is excess).
 from __future__ import annotations
 
 import math
+import platform
 from pathlib import Path
 
 import admit.envs  # noqa: F401  (registers the env ids)
@@ -284,3 +285,14 @@ def test_a_request_that_can_never_run_is_refused_before_the_episode() -> None:
     with pytest.raises(ValueError, match=r"request \d+ \(200000 prompt \+ \d+ output tokens\): prompt \+ output "
                                          r"exceeds max_model_len 131072"):
         CompiledSimulation(sc, 0)
+
+
+@pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the allocator settings are glibc's")
+def test_on_glibc_the_world_keeps_freed_memory_for_the_next_one() -> None:
+    """Importing the compiled world set glibc's malloc to serve a world's arrays from the heap and keep what is
+    freed (the module docstring's "Memory"); trimming gives it back and leaves the setting as it is."""
+    from admit.envs import compiled
+
+    assert compiled.KEEPS_FREED_MEMORY
+    compiled.release_freed_memory()
+    assert compiled.keep_freed_memory()
