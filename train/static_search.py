@@ -394,12 +394,14 @@ def _limit_sum(lim: Limits, target: int, n: int) -> int:
     return total
 
 
-def _episode_at_caps(args: tuple[Scenario, Caps, int]) -> float:
+def _episode_at_caps(args: tuple[Scenario, str, Caps, int]) -> float:
     """Goodput of ``caps`` set at t = 0 (no ramp from ``initial``): what the ramp costs, for the record."""
     from admit.envs.rollout import rollout
 
-    scenario, caps, seed = args
-    return float(rollout(scenario, static_at(caps), seed, start_limits=caps)["goodput_rps"])
+    scenario, key, caps, seed = args
+    ep = rollout(scenario, static_at(caps), seed, start_limits=caps, draw=_draw(scenario, key, seed),
+                 per_request=False)
+    return float(ep["goodput_rps"])
 
 
 class SimObjective:
@@ -711,7 +713,7 @@ def _ramp(sc: Scenario, caps: Caps, seeds: Sequence[int], pool: Executor | None,
     if steps == 0:
         out["goodput_rps_at_caps"] = out["goodput_rps_ramped"]
         return out
-    args = [(sc, caps, s) for s in seeds]
+    args = [(sc, ob.key, caps, s) for s in seeds]
     vals = list(pool.map(_episode_at_caps, args) if pool is not None else map(_episode_at_caps, args))
     out["goodput_rps_at_caps"] = sum(vals) / len(vals)
     return out
