@@ -212,8 +212,8 @@ def train_seeds(cfg: TrainConfig, seeds: list[int], out: str | Path, progress: b
                 on_run: Callable[[int, dict[str, Any]], None] | None = None) -> dict[str, Any]:
     """``train`` once per seed of ``seeds`` (``cfg.seed`` replaced), into ``out/seed-S/``; ``on_run(seed,
     summary)`` after each. Returns the report also written to ``out/seeds.json`` (module docstring)."""
+    from admit.core.stats import summarize
     from admit.envs.compiled import release_freed_memory
-    from admit.evaluate.offline import summarize
 
     if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
         raise ValueError(f"seeds: give each seed >= 0 once, got {seeds}")

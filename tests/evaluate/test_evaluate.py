@@ -713,8 +713,9 @@ def test_the_shortfall_interval_is_clipped_at_zero_and_no_other_figure_is(tmp_pa
     below 0, gets its lower end at 0, overall and per tenant, with the mean and the upper end unchanged; another
     count with the same sample (drops) keeps its t-interval. A report re-rendered from results stored before the
     bound reads the clipped interval (computed again from the stored values)."""
+    from admit.core.stats import summarize
     from admit.evaluate import results
-    from admit.evaluate.offline import Evaluation, summarize
+    from admit.evaluate.offline import Evaluation
     from admit.evaluate.report import _pm
 
     sample = [0.0] * 9 + [120.0]
