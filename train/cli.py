@@ -31,7 +31,8 @@ def train(
         "seed's validation returns and their spread (instead of --seed)"
     ),
     vec_env: str | None = typer.Option(
-        None, "--vec-env", help="dummy | subproc | block (default dummy; block: envs stepped in blocks on all cores)"
+        None, "--vec-env", help="dummy | subproc | block | worlds (default dummy; block: envs stepped in blocks on all "
+        "cores; worlds: the native vector env, an MLP policy on one scenario)"
     ),
     vec_workers: int | None = typer.Option(
         None, "--vec-workers", help="block: worker processes besides the trainer's own block (default 1)"
